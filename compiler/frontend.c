@@ -1,0 +1,966 @@
+/* frontend.c: a torchtune-shaped recipe -> the step graph it implies.
+ *
+ * The graph is built in three stages, as torchtune runs them:
+ *   1. scale_grads:    g <- g * (world_size / num_tokens)
+ *   2. clip_grad_norm: g <- g * min(1, max_norm / (sqrt(sum g^2) + 1e-6))
+ *   3. the optimizer body, from recipes/optimizers/NAME.optir
+ * The body is written in f32; the recipe's dtypes retype its buffers, with a
+ * conversion after each load and before each store. */
+#include "frontend.h"
+#include "passes.h"
+
+#include <math.h>
+#include <string.h>
+#include <strings.h>
+
+/* ---- built-in optimizers --------------------------------------------------- */
+
+typedef struct {
+  const char *component; /* the _component_ a recipe names */
+  const char *body;      /* recipes/optimizers/BODY.optir */
+} Component;
+
+static const Component components[] = {
+    {"torch.optim.AdamW", "adamw"},     {"torch.optim.Adam", "adam"},
+    {"torch.optim.SGD", "sgd"},         {"torch.optim.Adagrad", "adagrad"},
+    {"torch.optim.RMSprop", "rmsprop"}, {"optc.Lion", "lion"},
+};
+
+/* Keys torch accepts that choose an implementation, not the math. optc
+ * always runs its own fused kernel, so they are checked and set aside. */
+static const char *const impl_keys[] = {"foreach", "fused", "capturable", "differentiable"};
+
+static const BuiltinOptimizer *find_builtin(const char *name) {
+  for (int i = 0; i < num_builtin_optimizers; i++)
+    if (strcmp(builtin_optimizers[i].name, name) == 0)
+      return &builtin_optimizers[i];
+  return NULL;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* Loads an .optir body: a built-in by name, or a file by path. */
+static Graph *load_body(const char *name, Arena *a) {
+  SrcFile *src = arena_alloc(a, sizeof(SrcFile));
+  const BuiltinOptimizer *b = find_builtin(name);
+  if (b) {
+    src->name = b->path;
+    src->text = b->text;
+    src->len = strlen(b->text);
+  } else {
+    size_t len;
+    char *text = file_read(name, &len);
+    if (!text)
+      return NULL;
+    src->name = arena_strdup(a, name);
+    src->text = arena_strndup(a, text, len);
+    src->len = len;
+    free(text);
+  }
+  Graph *g = ir_parse(src, a);
+  if (!g || !ir_verify(g))
+    return NULL;
+  return g;
+}
+
+Graph *optir_load(const char *path, Arena *a) { return load_body(path, a); }
+
+/* ---- recipe schema ----------------------------------------------------------- */
+
+typedef enum { K_ANY, K_STR, K_INT, K_INT_OR_NULL, K_NUM_OR_NULL, K_BOOL, K_MAP, K_MAP_OR_NULL,
+               K_SEQ, K_BOOL_OR_MAP, K_MAP_OR_SEQ } KeyKind;
+
+typedef struct {
+  const char *key;
+  KeyKind kind;
+} KeySpec;
+
+/* Every top-level key a recipe may have: torchtune's full_finetune_distributed
+ * keys, and optc's own (marked). Sections read by the training runtime are
+ * type-checked here and read in full there. */
+static const KeySpec top_keys[] = {
+    {"output_dir", K_STR}, {"tokenizer", K_MAP}, {"dataset", K_MAP_OR_SEQ}, {"seed", K_INT_OR_NULL},
+    {"shuffle", K_BOOL}, {"model", K_MAP}, {"checkpointer", K_MAP},
+    {"resume_from_checkpoint", K_BOOL}, {"batch_size", K_INT}, {"epochs", K_INT},
+    {"optimizer", K_MAP}, {"lr_scheduler", K_MAP_OR_NULL}, {"loss", K_MAP},
+    {"max_steps_per_epoch", K_INT_OR_NULL}, {"gradient_accumulation_steps", K_INT},
+    {"clip_grad_norm", K_NUM_OR_NULL}, {"optimizer_in_bwd", K_BOOL}, {"device", K_STR},
+    {"enable_activation_checkpointing", K_BOOL}, {"enable_activation_offloading", K_BOOL},
+    {"activation_offloading_use_streams", K_BOOL}, {"fsdp_cpu_offload", K_BOOL},
+    {"fsdp_reshard_after_forward", K_BOOL}, {"compile", K_BOOL_OR_MAP}, {"dtype", K_STR},
+    {"metric_logger", K_MAP}, {"log_every_n_steps", K_INT}, {"log_peak_memory_stats", K_BOOL},
+    {"log_level", K_STR}, {"profiler", K_MAP}, {"tensor_parallel_dim", K_INT},
+    {"tensor_parallel_plan", K_MAP}, {"data_parallel_shard_dim", K_INT},
+    {"data_parallel_replicate_dim", K_INT}, {"custom_sharded_layers", K_SEQ},
+    {"cudnn_deterministic_mode", K_BOOL}, {"run_val_every_n_steps", K_INT_OR_NULL},
+    {"dataset_val", K_MAP_OR_NULL},
+    /* optc */
+    {"optimizer_state_dtype", K_STR}, {"master_weights", K_BOOL}, {"stochastic_rounding", K_BOOL},
+    {"nonfinite_grads", K_STR}, {"max_steps", K_INT_OR_NULL}, {"write_back_grads", K_BOOL},
+    {"save_every_n_steps", K_INT_OR_NULL},
+};
+
+static const char *kind_desc(KeyKind k) {
+  switch (k) {
+  case K_STR: return "a string";
+  case K_INT: return "an integer";
+  case K_INT_OR_NULL: return "an integer or null";
+  case K_NUM_OR_NULL: return "a number or null";
+  case K_BOOL: return "true or false";
+  case K_MAP: return "a mapping";
+  case K_MAP_OR_NULL: return "a mapping or null";
+  case K_SEQ: return "a list";
+  case K_BOOL_OR_MAP: return "true, false or a mapping";
+  case K_MAP_OR_SEQ: return "a mapping or a list";
+  case K_ANY: return "anything";
+  }
+  return "?";
+}
+
+static bool check_kind(const YamlNode *n, const char *key, KeyKind k) {
+  double d;
+  long l;
+  bool b;
+  switch (k) {
+  case K_ANY: return true;
+  case K_STR: return yaml_string(n, key, &(const char *){0});
+  case K_INT: return yaml_int(n, key, &l);
+  case K_INT_OR_NULL: return yaml_is_null(n) || yaml_int(n, key, &l);
+  case K_NUM_OR_NULL: return yaml_is_null(n) || yaml_double(n, key, &d);
+  case K_BOOL: return yaml_bool(n, key, &b);
+  case K_MAP:
+  case K_MAP_OR_NULL:
+  case K_SEQ:
+  case K_BOOL_OR_MAP:
+  case K_MAP_OR_SEQ: {
+    bool ok = (n->kind == YAML_MAP && k != K_SEQ) || (n->kind == YAML_SEQ && (k == K_SEQ || k == K_MAP_OR_SEQ)) ||
+              (n->kind == YAML_NULL && k == K_MAP_OR_NULL);
+    if (k == K_BOOL_OR_MAP && n->kind == YAML_SCALAR)
+      return yaml_bool(n, key, &b);
+    if (!ok)
+      error_at(n->pos, "%s: expected %s", key, kind_desc(k));
+    return ok;
+  }
+  }
+  return false;
+}
+
+static void list_keys(Buf *b, const KeySpec *keys, int n) {
+  for (int i = 0; i < n; i++)
+    buf_printf(b, "%s%s", i ? ", " : "", keys[i].key);
+}
+
+/* Checks each key of map against the table; `where` prefixes messages. */
+static bool check_keys(const YamlNode *map, const KeySpec *keys, int nkeys, const char *where) {
+  for (int i = 0; i < map->n; i++) {
+    int k = 0;
+    while (k < nkeys && strcmp(keys[k].key, map->keys[i]) != 0)
+      k++;
+    char path[256];
+    snprintf(path, sizeof path, "%s%s%s", where, *where ? "." : "", map->keys[i]);
+    if (k == nkeys) {
+      Buf b = {0};
+      list_keys(&b, keys, nkeys);
+      error_at(map->key_pos[i], "unknown key '%s'; expected one of: %s", path, b.data);
+      buf_free(&b);
+      return false;
+    }
+    if (!check_kind(map->items[i], path, keys[k].kind))
+      return false;
+  }
+  return true;
+}
+
+static bool parse_dtype(const YamlNode *n, const char *what, Type *out) {
+  const char *s;
+  if (!yaml_string(n, what, &s))
+    return false;
+  static const struct { const char *name; Type t; } names[] = {
+      {"fp32", TY_F32}, {"float32", TY_F32}, {"f32", TY_F32},
+      {"bf16", TY_BF16}, {"bfloat16", TY_BF16},
+      {"fp16", TY_F16}, {"float16", TY_F16}, {"f16", TY_F16},
+  };
+  for (size_t i = 0; i < ARRAY_LEN(names); i++)
+    if (strcmp(names[i].name, s) == 0)
+      return *out = names[i].t, true;
+  error_at(n->pos, "%s: unknown dtype '%s'; expected fp32, bf16 or fp16", what, s);
+  return false;
+}
+
+/* ---- the model section ------------------------------------------------------- */
+
+static const KeySpec model_keys[] = {
+    {"_component_", K_STR}, {"vocab_size", K_INT}, {"num_layers", K_INT}, {"num_heads", K_INT},
+    {"num_kv_heads", K_INT}, {"embed_dim", K_INT}, {"head_dim", K_INT}, {"hidden_dim", K_INT},
+    {"shared_hidden_dim", K_INT}, {"num_experts", K_INT}, {"experts_per_token", K_INT},
+    {"use_shared_expert", K_BOOL}, {"use_qk_norm", K_BOOL}, {"skip_rope_interval", K_INT},
+    {"moe_every_n_layers", K_INT}, {"attention_chunk_size", K_INT}, {"max_seq_len", K_INT},
+    {"rope_base", K_ANY}, {"rope_scale_factor", K_ANY}, {"rope_low_freq_factor", K_ANY},
+    {"rope_high_freq_factor", K_ANY}, {"rope_old_context_len", K_INT}, {"norm_eps", K_ANY},
+    {"tie_word_embeddings", K_BOOL}, {"attn_dropout", K_ANY},
+};
+
+/* Llama 4 Scout 17B-16E's text decoder, as torchtune's llama4_scout_17b_16e
+ * and HF's Llama4TextConfig give it. */
+static const ModelConfig scout_dims = {
+    .component = "torchtune.models.llama4.llama4_scout_17b_16e",
+    .vocab_size = 202048, .num_layers = 48, .num_heads = 40, .num_kv_heads = 8, .embed_dim = 5120,
+    .head_dim = 128, .hidden_dim = 8192, .shared_hidden_dim = 8192, .num_experts = 16,
+    .experts_per_token = 1, .use_shared_expert = true, .use_qk_norm = true,
+    .skip_rope_interval = 4, .moe_every_n_layers = 1, .attention_chunk_size = 8192,
+    .max_seq_len = 10485760, .rope_base = 500000, .rope_scale_factor = 16,
+    .rope_low_freq_factor = 1, .rope_high_freq_factor = 1, .rope_old_context_len = 8192,
+    .norm_eps = 1e-5, .tie_word_embeddings = false,
+};
+
+typedef struct {
+  const char *key;
+  size_t off;
+  bool is_double, is_bool;
+} ModelField;
+
+#define MF(k, d, b) {#k, offsetof(ModelConfig, k), d, b}
+static const ModelField model_fields[] = {
+    MF(vocab_size, 0, 0), MF(num_layers, 0, 0), MF(num_heads, 0, 0), MF(num_kv_heads, 0, 0),
+    MF(embed_dim, 0, 0), MF(head_dim, 0, 0), MF(hidden_dim, 0, 0), MF(shared_hidden_dim, 0, 0),
+    MF(num_experts, 0, 0), MF(experts_per_token, 0, 0), MF(use_shared_expert, 0, 1),
+    MF(use_qk_norm, 0, 1), MF(skip_rope_interval, 0, 0), MF(moe_every_n_layers, 0, 0),
+    MF(attention_chunk_size, 0, 0), MF(max_seq_len, 0, 0), MF(rope_base, 1, 0),
+    MF(rope_scale_factor, 1, 0), MF(rope_low_freq_factor, 1, 0), MF(rope_high_freq_factor, 1, 0),
+    MF(rope_old_context_len, 0, 0), MF(norm_eps, 1, 0), MF(tie_word_embeddings, 0, 1),
+};
+#undef MF
+
+static bool parse_model(Recipe *r, const YamlNode *n) {
+  if (!check_keys(n, model_keys, ARRAY_LEN(model_keys), "model"))
+    return false;
+  const YamlNode *comp = yaml_get(n, "_component_");
+  if (!comp) {
+    error_at(n->pos, "model: missing _component_");
+    return false;
+  }
+  ModelConfig m = scout_dims;
+  bool preset = strcmp(comp->str, scout_dims.component) == 0;
+  static const char *const generic = "torchtune.models.llama4.llama4_decoder";
+  if (!preset && strcmp(comp->str, generic) != 0) {
+    error_at(comp->pos, "model._component_: unknown model '%s'; expected %s or %s", comp->str,
+             scout_dims.component, generic);
+    return false;
+  }
+  m.component = comp->str;
+  m.head_dim = 0; /* derived below unless given */
+  for (size_t i = 0; i < ARRAY_LEN(model_fields); i++) {
+    const ModelField *f = &model_fields[i];
+    const YamlNode *v = yaml_get(n, f->key);
+    char what[64];
+    snprintf(what, sizeof what, "model.%s", f->key);
+    if (!v) {
+      static const char *const required[] = {"vocab_size", "num_layers", "num_heads", "num_kv_heads",
+                                             "embed_dim", "hidden_dim", "num_experts"};
+      for (size_t k = 0; !preset && k < ARRAY_LEN(required); k++)
+        if (strcmp(required[k], f->key) == 0) {
+          error_at(n->pos, "model: %s needs '%s'", generic, f->key);
+          return false;
+        }
+      continue;
+    }
+    char *p = (char *)&m + f->off;
+    if (f->is_double) {
+      if (!yaml_double(v, what, (double *)p))
+        return false;
+      if (!(*(double *)p > 0)) {
+        error_at(v->pos, "%s must be positive", what);
+        return false;
+      }
+    } else if (f->is_bool) {
+      if (!yaml_bool(v, what, (bool *)p))
+        return false;
+    } else {
+      if (!yaml_int(v, what, (long *)p))
+        return false;
+      if (*(long *)p <= 0) {
+        error_at(v->pos, "%s must be positive", what);
+        return false;
+      }
+    }
+  }
+  if (!yaml_get(n, "shared_hidden_dim"))
+    m.shared_hidden_dim = m.hidden_dim;
+  const YamlNode *at = yaml_get(n, "head_dim") ? yaml_get(n, "head_dim") : n;
+  if (!m.head_dim) {
+    if (m.embed_dim % m.num_heads) {
+      error_at(at->pos, "model: embed_dim %ld is not divisible by num_heads %ld", m.embed_dim, m.num_heads);
+      return false;
+    }
+    m.head_dim = m.embed_dim / m.num_heads;
+  }
+  if (m.num_heads % m.num_kv_heads) {
+    error_at(n->pos, "model: num_heads %ld is not divisible by num_kv_heads %ld", m.num_heads, m.num_kv_heads);
+    return false;
+  }
+  if (m.head_dim % 2) {
+    error_at(at->pos, "model: head_dim %ld must be even for RoPE", m.head_dim);
+    return false;
+  }
+  if (m.experts_per_token > m.num_experts) {
+    error_at(n->pos, "model: experts_per_token %ld exceeds num_experts %ld", m.experts_per_token, m.num_experts);
+    return false;
+  }
+  if (m.experts_per_token != 1) {
+    error_at(n->pos, "model: optc's Llama 4 router is top-1 (experts_per_token: 1), as Scout's is");
+    return false;
+  }
+  r->has_model = true;
+  r->model = m;
+  return true;
+}
+
+/* ---- the optimizer section --------------------------------------------------- */
+
+static void bind(Recipe *r, const char *name, double v) {
+  for (int i = 0; i < r->nbindings; i++)
+    if (strcmp(r->bindings[i].name, name) == 0) {
+      r->bindings[i].value = v;
+      return;
+    }
+  arena_grow(r->arena, (void **)&r->bindings, &r->capbindings, r->nbindings + 1, sizeof(Binding));
+  r->bindings[r->nbindings++] = (Binding){name, v};
+}
+
+static const Binding *find_binding(const Recipe *r, const char *name) {
+  for (int i = 0; i < r->nbindings; i++)
+    if (strcmp(r->bindings[i].name, name) == 0)
+      return &r->bindings[i];
+  return NULL;
+}
+
+static bool in_range(const Range *rg, double v) {
+  if (!rg->set)
+    return !isnan(v);
+  return (rg->lo_open ? v > rg->lo : v >= rg->lo) && (rg->hi_open ? v < rg->hi : v <= rg->hi);
+}
+
+static void format_range(char *out, size_t n, const Range *rg) {
+  char lo[40], hi[40];
+  fmt_double(lo, rg->lo, false);
+  fmt_double(hi, rg->hi, false);
+  snprintf(out, n, "%c%s, %s%c", rg->lo_open ? '(' : '[', lo, hi, rg->hi_open ? ')' : ']');
+}
+
+/* Reads one numeric hyperparameter into the input of the same name. */
+static bool bind_number(Recipe *r, const Ins *in, const YamlNode *v, const char *what) {
+  double d;
+  if (!yaml_double(v, what, &d))
+    return false;
+  if (!in_range(&in->range, d)) {
+    char rg[96];
+    format_range(rg, sizeof rg, &in->range);
+    error_at(v->pos, "%s: %s is out of range %s for %s", what, v->str, rg, r->component);
+    return false;
+  }
+  bind(r, in->name, d);
+  return true;
+}
+
+static bool parse_optimizer(Recipe *r, YamlNode *n) {
+  const YamlNode *comp = yaml_get(n, "_component_");
+  if (!comp) {
+    error_at(n->pos, "optimizer: missing _component_ (e.g. torch.optim.AdamW)");
+    return false;
+  }
+  if (!yaml_string(comp, "optimizer._component_", &r->component))
+    return false;
+  const char *body = NULL;
+  for (size_t i = 0; i < ARRAY_LEN(components); i++)
+    if (strcmp(components[i].component, r->component) == 0)
+      body = components[i].body;
+  if (!body && ends_with(r->component, ".optir"))
+    body = r->component;
+  if (!body) {
+    Buf list = {0};
+    for (size_t i = 0; i < ARRAY_LEN(components); i++)
+      buf_printf(&list, "%s%s", i ? ", " : "", components[i].component);
+    error_at(comp->pos, "optimizer._component_: unknown optimizer '%s'; expected one of: %s, or a path to an .optir file",
+             r->component, list.data);
+    buf_free(&list);
+    return false;
+  }
+  /* Adam with decoupled weight decay is AdamW, as in torch. */
+  const YamlNode *dwd = yaml_get(n, "decoupled_weight_decay");
+  bool decoupled = false;
+  if (dwd && !yaml_bool(dwd, "optimizer.decoupled_weight_decay", &decoupled))
+    return false;
+  if (dwd && strcmp(body, "adam") != 0) {
+    error_at(dwd->pos, "optimizer.decoupled_weight_decay applies to torch.optim.Adam only");
+    return false;
+  }
+  if (decoupled)
+    body = "adamw";
+  r->optimizer_name = body;
+  Graph *g = load_body(body, r->arena);
+  if (!g)
+    return false;
+  if (decoupled) /* keep Adam's default of no weight decay */
+    bind(r, "weight_decay", 0.0);
+  r->optimizer_src = g->src;
+  r->body = g;
+  r->optimizer = n;
+  for (int i = 0; i < n->n; i++) {
+    const char *key = n->keys[i];
+    const YamlNode *v = n->items[i];
+    char what[128];
+    snprintf(what, sizeof what, "optimizer.%s", key);
+    if (strcmp(key, "_component_") == 0 || strcmp(key, "decoupled_weight_decay") == 0)
+      continue;
+    bool impl = false;
+    for (size_t k = 0; k < ARRAY_LEN(impl_keys); k++)
+      impl |= strcmp(impl_keys[k], key) == 0;
+    if (impl) {
+      bool dummy;
+      if (!yaml_is_null(v) && !yaml_bool(v, what, &dummy))
+        return false;
+      continue;
+    }
+    Ref in = graph_find_input(g, key);
+    if (strcmp(key, "betas") == 0 && graph_find_input(g, "beta1") != NOREF) {
+      if (v->kind != YAML_SEQ || v->n != 2) {
+        error_at(v->pos, "%s: expected a list of two numbers, like [0.9, 0.999]", what);
+        return false;
+      }
+      for (int k = 0; k < 2; k++) {
+        char w[140];
+        snprintf(w, sizeof w, "%s[%d]", what, k);
+        if (!bind_number(r, &g->ins[graph_find_input(g, k ? "beta2" : "beta1")], v->items[k], w))
+          return false;
+      }
+      continue;
+    }
+    if (in != NOREF && strcmp(key, "step") != 0) {
+      const Ins *x = &g->ins[in];
+      if (x->op == OP_INPUT) {
+        if (!bind_number(r, x, v, what))
+          return false;
+        continue;
+      }
+      if (x->op == OP_OPTION && x->dep == NOREF) {
+        bool on;
+        if (!yaml_bool(v, what, &on))
+          return false;
+        bind(r, x->name, on);
+        continue;
+      }
+    }
+    /* Unknown: list what this optimizer takes. */
+    Buf list = {0};
+    bool has_betas = graph_find_input(g, "beta1") != NOREF && graph_find_input(g, "beta2") != NOREF;
+    for (int k = 0; k < g->nins; k++) {
+      const Ins *x = &g->ins[k];
+      if ((x->op == OP_INPUT || (x->op == OP_OPTION && x->dep == NOREF)) && strcmp(x->name, "step") &&
+          !(has_betas && (!strcmp(x->name, "beta1") || !strcmp(x->name, "beta2"))))
+        buf_printf(&list, "%s, ", x->name);
+      if (has_betas && x->op == OP_INPUT && !strcmp(x->name, "beta1"))
+        buf_puts(&list, "betas, ");
+    }
+    for (size_t k = 0; k < ARRAY_LEN(impl_keys); k++)
+      buf_printf(&list, "%s%s", impl_keys[k], k + 1 < ARRAY_LEN(impl_keys) ? ", " : "");
+    error_at(n->key_pos[i], "unknown key '%s' for %s; expected one of: %s", what, r->component, list.data);
+    buf_free(&list);
+    return false;
+  }
+  /* torch.optim.SGD: "Nesterov momentum requires a momentum and zero dampening". */
+  if (strcmp(body, "sgd") == 0) {
+    const YamlNode *nv = yaml_get(n, "nesterov");
+    const Binding *bn = find_binding(r, "nesterov"), *bm = find_binding(r, "momentum"),
+                  *bd = find_binding(r, "dampening");
+    bool nesterov = bn && bn->value != 0;
+    double momentum = bm ? bm->value : 0, dampening = bd ? bd->value : 0;
+    if (nesterov && (momentum <= 0 || dampening != 0)) {
+      error_at(nv->pos, "optimizer.nesterov: Nesterov momentum requires a momentum and zero dampening");
+      return false;
+    }
+  }
+  return true;
+}
+
+/* ---- overrides: key.sub=value ------------------------------------------------ */
+
+static bool apply_override(Recipe *r, const char *ov) {
+  const char *eq = strchr(ov, '=');
+  SrcFile *src = arena_alloc(r->arena, sizeof(SrcFile));
+  src->name = "<command line>";
+  src->text = arena_strdup(r->arena, ov);
+  src->len = strlen(ov);
+  if (!eq || eq == ov) {
+    error_at((SrcPos){src, 1, 1}, "override '%s' is not key=value", ov);
+    return false;
+  }
+  SrcPos vpos = {src, 1, (int)(eq - ov) + 2};
+  char *path = arena_strndup(r->arena, ov, (size_t)(eq - ov));
+  YamlNode *map = r->root;
+  char *save = NULL;
+  int col = 1;
+  for (char *part = strtok_r(path, ".", &save); part; part = strtok_r(NULL, ".", &save)) {
+    char *rest = strtok_r(NULL, "", &save);
+    if (!rest) {
+      /* The value is read as YAML, so that lists and quoted strings work. */
+      SrcFile *vs = arena_alloc(r->arena, sizeof(SrcFile));
+      vs->name = "<command line>";
+      vs->text = arena_strdup(r->arena, eq + 1);
+      vs->len = strlen(eq + 1);
+      YamlNode *v = vs->len ? yaml_load(vs, r->arena) : yaml_scalar(r->arena, "", true, vpos);
+      if (!v)
+        return false;
+      v->pos = vpos;
+      for (int i = 0; v->kind == YAML_SEQ && i < v->n; i++)
+        v->items[i]->pos = vpos;
+      if (map == r->root) {
+        bool known = false;
+        for (size_t k = 0; k < ARRAY_LEN(top_keys); k++)
+          known |= strcmp(top_keys[k].key, part) == 0;
+        if (!known) {
+          error_at((SrcPos){src, 1, col}, "unknown override key '%s'", part);
+          return false;
+        }
+      }
+      yaml_set(map, part, v, r->arena);
+      return true;
+    }
+    YamlNode *next = yaml_get(map, part);
+    if (!next || next->kind != YAML_MAP) {
+      if (map == r->root) {
+        bool known = false;
+        for (size_t k = 0; k < ARRAY_LEN(top_keys); k++)
+          known |= strcmp(top_keys[k].key, part) == 0 &&
+                   (top_keys[k].kind == K_MAP || top_keys[k].kind == K_MAP_OR_NULL ||
+                    top_keys[k].kind == K_BOOL_OR_MAP || top_keys[k].kind == K_MAP_OR_SEQ);
+        if (!known) {
+          error_at((SrcPos){src, 1, col}, "unknown override key '%s'", part);
+          return false;
+        }
+      }
+      next = arena_alloc(r->arena, sizeof(YamlNode));
+      next->kind = YAML_MAP;
+      next->pos = (SrcPos){src, 1, col};
+      yaml_set(map, part, next, r->arena);
+    }
+    map = next;
+    col += (int)strlen(part) + 1;
+    save = rest;
+  }
+  return true;
+}
+
+/* ---- recipe_load ------------------------------------------------------------- */
+
+Recipe *recipe_load(const char *path, const char *const *overrides, int noverrides, Arena *a) {
+  Recipe *r = arena_alloc(a, sizeof(Recipe));
+  r->arena = a;
+  r->path = arena_strdup(a, path);
+  size_t len;
+  char *text = file_read(path, &len);
+  if (!text)
+    return NULL;
+  r->src.name = r->path;
+  r->src.text = arena_strndup(a, text, len);
+  r->src.len = len;
+  free(text);
+  r->root = yaml_load(&r->src, a);
+  if (!r->root)
+    return NULL;
+  if (r->root->kind != YAML_MAP) {
+    error_at(r->root->pos, "a recipe is a mapping of keys to values");
+    return NULL;
+  }
+  for (int i = 0; i < noverrides; i++)
+    if (!apply_override(r, overrides[i]))
+      return NULL;
+  YamlNode *root = r->root;
+  if (!check_keys(root, top_keys, ARRAY_LEN(top_keys), ""))
+    return NULL;
+
+  /* defaults, as torchtune's recipe has them */
+  r->param_dtype = TY_BF16;
+  r->batch_size = 1;
+  r->gradient_accumulation_steps = 1;
+  r->epochs = 1;
+  r->compile = (CompileFlags){false, false, false, false};
+  r->nonfinite = NONFINITE_SKIP;
+  YamlNode *v;
+  if ((v = yaml_get(root, "dtype")) && !parse_dtype(v, "dtype", &r->param_dtype))
+    return NULL;
+  r->grad_dtype = r->param_dtype;
+  r->state_dtype = r->param_dtype;
+  if ((v = yaml_get(root, "optimizer_state_dtype")) && !parse_dtype(v, "optimizer_state_dtype", &r->state_dtype))
+    return NULL;
+  if ((v = yaml_get(root, "master_weights")))
+    yaml_bool(v, "master_weights", &r->master_weights);
+  if ((v = yaml_get(root, "stochastic_rounding")))
+    yaml_bool(v, "stochastic_rounding", &r->stochastic_rounding);
+  if ((v = yaml_get(root, "write_back_grads")))
+    yaml_bool(v, "write_back_grads", &r->write_back_grads);
+  if ((v = yaml_get(root, "fsdp_cpu_offload")))
+    yaml_bool(v, "fsdp_cpu_offload", &r->fsdp_cpu_offload);
+  if ((v = yaml_get(root, "shuffle")))
+    yaml_bool(v, "shuffle", &r->shuffle);
+  struct { const char *key; long *out; long min; } ints[] = {
+      {"batch_size", &r->batch_size, 1},
+      {"gradient_accumulation_steps", &r->gradient_accumulation_steps, 1},
+      {"epochs", &r->epochs, 1},
+      {"max_steps_per_epoch", &r->max_steps_per_epoch, 1},
+      {"max_steps", &r->max_steps, 1},
+      {"seed", &r->seed, 0},
+  };
+  for (size_t i = 0; i < ARRAY_LEN(ints); i++) {
+    if (!(v = yaml_get(root, ints[i].key)) || yaml_is_null(v))
+      continue;
+    if (!yaml_int(v, ints[i].key, ints[i].out))
+      return NULL;
+    if (*ints[i].out < ints[i].min) {
+      error_at(v->pos, "%s must be at least %ld", ints[i].key, ints[i].min);
+      return NULL;
+    }
+    if (ints[i].out == &r->seed)
+      r->has_seed = true;
+  }
+  if ((v = yaml_get(root, "clip_grad_norm")) && !yaml_is_null(v)) {
+    if (!yaml_double(v, "clip_grad_norm", &r->clip_grad_norm))
+      return NULL;
+    if (!(r->clip_grad_norm > 0) || isinf(r->clip_grad_norm)) {
+      error_at(v->pos, "clip_grad_norm: %s is out of range (0, inf); use null to turn clipping off", v->str);
+      return NULL;
+    }
+    r->has_clip = true;
+  }
+  if ((v = yaml_get(root, "nonfinite_grads"))) {
+    if (strcmp(v->str, "skip") == 0)
+      r->nonfinite = NONFINITE_SKIP;
+    else if (strcmp(v->str, "error") == 0)
+      r->nonfinite = NONFINITE_ERROR;
+    else {
+      error_at(v->pos, "nonfinite_grads: expected skip or error, found '%s'", v->str);
+      return NULL;
+    }
+  }
+  /* compile: a bool sets all four; a dict takes torchtune's defaults. */
+  if ((v = yaml_get(root, "compile"))) {
+    if (v->kind == YAML_SCALAR) {
+      bool on;
+      yaml_bool(v, "compile", &on);
+      r->compile = (CompileFlags){on, on, on, on};
+    } else {
+      static const KeySpec compile_keys[] = {
+          {"model", K_BOOL}, {"loss", K_BOOL}, {"optimizer_step", K_BOOL}, {"scale_grads", K_BOOL}};
+      if (!check_keys(v, compile_keys, ARRAY_LEN(compile_keys), "compile"))
+        return NULL;
+      r->compile = (CompileFlags){true, true, false, true};
+      bool *flags[] = {&r->compile.model, &r->compile.loss, &r->compile.optimizer_step, &r->compile.scale_grads};
+      for (size_t i = 0; i < ARRAY_LEN(compile_keys); i++) {
+        YamlNode *f = yaml_get(v, compile_keys[i].key);
+        if (f)
+          yaml_bool(f, compile_keys[i].key, flags[i]);
+      }
+    }
+  }
+  if ((v = yaml_get(root, "model")) && !parse_model(r, v))
+    return NULL;
+  YamlNode *opt = yaml_get(root, "optimizer");
+  if (!opt) {
+    error_at(root->pos, "the recipe has no 'optimizer' section");
+    return NULL;
+  }
+  if (!parse_optimizer(r, opt))
+    return NULL;
+  return r;
+}
+
+/* ---- building the step graph ------------------------------------------------- */
+
+typedef struct {
+  Recipe *r;
+  Graph *g;
+  int param, grad, master; /* buffer indices; master is -1 without master weights */
+  Ref seed, step_i;        /* for stochastic rounding, made on first use */
+  Ref step;                /* the body's %step */
+} Builder;
+
+static Ref named(Builder *b, Ref v, const char *name, const char *lead) {
+  ir_name(b->g, v, name);
+  if (lead)
+    b->g->ins[v].lead = arena_strdup(b->g->arena, lead);
+  return v;
+}
+
+static Ref input(Builder *b, const char *name, double def, Range rg, const char *trail) {
+  Ref r = ir_input(b->g, name, TY_F64);
+  Ins *x = &b->g->ins[r];
+  x->imm = def;
+  x->has_imm = true;
+  x->range = rg;
+  if (trail)
+    x->trail = arena_strdup(b->g->arena, trail);
+  return r;
+}
+
+/* The value as a buffer of type t holds it: rounded to t and back when t is
+ * narrower than f32, as torch's tensor of that dtype would hold it. */
+static Ref as_held(Builder *b, Ref v, Type t, const char *name) {
+  if (t == TY_F32)
+    return named(b, v, name, NULL);
+  if (b->g->ins[v].name && !strcmp(b->g->ins[v].name, name))
+    ir_name(b->g, v, arena_printf(b->g->arena, "%s_f32", name));
+  Ref n = ir_cvt(b->g, v, t);
+  return named(b, ir_cvt(b->g, n, TY_F32), name, NULL);
+}
+
+/* Rounds an f32 result for a store into a buffer of type t. */
+static Ref round_for(Builder *b, Ref v, Type t, bool stochastic) {
+  if (t == TY_F32)
+    return v;
+  if (t == TY_F64)
+    return ir_cvt(b->g, v, TY_F64);
+  if (!stochastic)
+    return ir_cvt(b->g, v, t);
+  if (b->step == NOREF) {
+    Range rg = {true, 1, INFINITY, false, true};
+    b->step = input(b, "step", 1.0, rg, NULL);
+    b->g->ins[b->step].has_imm = false;
+  }
+  if (b->seed == NOREF) {
+    b->seed = ir_input(b->g, "seed", TY_I64);
+    b->g->ins[b->seed].imm = (double)b->r->seed;
+    b->g->ins[b->seed].has_imm = true;
+    b->g->ins[b->seed].trail = arena_strdup(b->g->arena, "  # stochastic rounding: the run's seed");
+    b->step_i = named(b, ir_cvt(b->g, b->step, TY_I64), "step_i64", NULL);
+  }
+  Ref args[3] = {v, b->seed, b->step_i};
+  return ir_emit(b->g, OP_CVT_SR, t, 3, args);
+}
+
+/* Stages 1 and 2: the gradient the optimizer sees, in f32. */
+static Ref build_prelude(Builder *b) {
+  Recipe *r = b->r;
+  Graph *g = b->g;
+  Type gd = r->grad_dtype;
+  Range pos_open = {true, 0, INFINITY, true, true};
+  Range at_least_one = {true, 1, INFINITY, false, true};
+  Ref nt = input(b, "num_tokens", 1.0, pos_open, "  # tokens counted in the loss, summed over ranks");
+  named(b, nt, "num_tokens",
+        "# scale_grads: grad *= world_size / num_tokens, as torchtune's scale_grads\n"
+        "# (world_size is 1 where the reduce-scatter sums instead of averaging)\n");
+  Ref ws = input(b, "world_size", 1.0, at_least_one, NULL);
+  Ref raw = named(b, ir_load(g, b->grad), "grad_in", NULL);
+  Ref gf = gd == TY_F32 ? raw : named(b, ir_cvt(g, raw, TY_F32), "grad_f32", NULL);
+  /* torch: world_size / num_tokens on an int tensor divides in float32 */
+  Ref ws32 = ir_cvt(g, ws, TY_F32);
+  Ref nt32 = ir_cvt(g, nt, TY_F32);
+  Ref scale = named(b, ir_op2(g, OP_DIV, ws32, nt32), "grad_scale", NULL);
+  Ref gs = named(b, ir_op2(g, OP_MUL, gf, scale), "grad_scaled", NULL);
+  gs = as_held(b, gs, gd, r->has_clip ? "grad_scaled" : "grad");
+  Range pos = {true, 0, INFINITY, true, true};
+  Ref mn = input(b, "max_norm", r->clip_grad_norm, pos, NULL);
+  named(b, mn, "max_norm",
+        "\n# clip_grad_norm: total = sqrt(sum of grad^2 over every element of every tensor on every rank)\n"
+        "# grad *= min(1, max_norm / (total + 1e-6)), as torch.nn.utils.clip_grad_norm_\n");
+  Ref ss = named(b, ir_reduce(g, RED_SUMSQ, SCOPE_STEP, gs), "grad_sumsq", NULL);
+  Ref total = named(b, ir_op1(g, OP_SQRT, ss), "grad_norm", NULL);
+  Ref tiny = named(b, ir_const(g, TY_F64, 1e-6), "clip_eps", NULL);
+  Ref den = ir_op2(g, OP_ADD, total, tiny);
+  Ref ratio = ir_op2(g, OP_DIV, mn, den);
+  Ref one = named(b, ir_const(g, TY_F64, 1.0), "clip_one", NULL);
+  Ref coef = named(b, ir_op2(g, OP_MIN, ratio, one), "clip_coef", NULL);
+  Ref coef32 = ir_cvt(g, coef, TY_F32);
+  Ref gc = ir_op2(g, OP_MUL, gs, coef32);
+  return as_held(b, gc, gd, "grad");
+}
+
+static const char *unique_name(Graph *g, const char *name) {
+  if (!name || graph_find_value(g, name) == NOREF)
+    return name;
+  for (int k = 1;; k++) {
+    char *s = arena_printf(g->arena, "%s.%d", name, k);
+    if (graph_find_value(g, s) == NOREF)
+      return s;
+  }
+}
+
+static void resolve_options(Graph *g);
+
+/* Binds the body's options to the recipe's choices (or their defaults),
+ * in a copy, and drops what they switch off. */
+static Graph *specialize_body(Recipe *r, const Graph *src) {
+  Graph *body = graph_clone(src, r->arena);
+  for (int i = 0; i < body->nins; i++) {
+    Ins *x = &body->ins[i];
+    if (x->op != OP_OPTION)
+      continue;
+    const Binding *bd = find_binding(r, x->name);
+    double v = x->imm;
+    if (bd) {
+      v = bd->value;
+    } else if (x->dep != NOREF) {
+      const Ins *dep = &body->ins[x->dep];
+      const Binding *db = find_binding(r, dep->name);
+      v = (db ? db->value : dep->imm) != 0;
+    }
+    x->op = OP_CONST;
+    x->imm = v != 0;
+    x->dep = NOREF;
+  }
+  resolve_options(body);
+  pass_dce(body);
+  return body;
+}
+
+/* Stage 3: the body, copied in with its buffers retyped. */
+static bool copy_body(Builder *b, const Graph *body, Ref grad) {
+  Recipe *r = b->r;
+  Graph *g = b->g;
+  int *bufmap = arena_alloc(g->arena, sizeof(int) * (size_t)(body->nbufs + 1));
+  for (int i = 0; i < body->nbufs; i++) {
+    const Buffer *bb = &body->bufs[i];
+    if (bb->kind == BUF_PARAM) {
+      bufmap[i] = b->param;
+    } else if (bb->kind == BUF_GRAD) {
+      bufmap[i] = b->grad;
+    } else {
+      if (graph_find_buffer(g, bb->name) >= 0) {
+        error_at(bb->pos, "state '@%s' clashes with a buffer the recipe adds", bb->name);
+        return false;
+      }
+      Type t = bb->type == TY_F32 ? r->state_dtype : (Type)bb->type;
+      int k = graph_add_buffer(g, bb->name, BUF_STATE, t);
+      Buffer *nb = &g->bufs[k];
+      nb->init = bb->init;
+      nb->init_value = bb->init_value;
+      nb->init_input = bb->init_input ? arena_strdup(g->arena, bb->init_input) : NULL;
+      nb->pos = bb->pos;
+      bufmap[i] = k;
+    }
+  }
+  Ref *map = arena_alloc(g->arena, sizeof(Ref) * (size_t)(body->nins + 1));
+  b->step = graph_find_input(body, "step");
+  for (int i = 0; i < body->nins; i++) {
+    const Ins *x = &body->ins[i];
+    Ref args[3];
+    for (int k = 0; k < op_info[x->op].nargs; k++)
+      args[k] = map[x->args[k]];
+    Ref out = NOREF;
+    Ref first = g->nins; /* the comment before the line goes on the first emitted */
+    switch (x->op) {
+    case OP_LOAD: {
+      const Buffer *bb = &body->bufs[x->buf];
+      if (bb->kind == BUF_GRAD) {
+        if (bb->type != TY_F32) {
+          error_at(x->pos, "an optimizer body computes in f32; declare @%s as f32", bb->name);
+          return false;
+        }
+        map[i] = grad;
+        continue;
+      }
+      int nb = bb->kind == BUF_PARAM && b->master >= 0 ? b->master : bufmap[x->buf];
+      out = ir_load(g, nb);
+      if (g->bufs[nb].type != bb->type) {
+        ir_name(g, out, unique_name(g, arena_printf(g->arena, "%s_in", g->bufs[nb].name)));
+        out = ir_cvt(g, out, (Type)bb->type);
+      }
+      break;
+    }
+    case OP_STORE: {
+      const Buffer *bb = &body->bufs[x->buf];
+      Ref v = args[0];
+      if (bb->kind == BUF_PARAM && b->master >= 0) {
+        ir_store(g, b->master, v);
+        v = round_for(b, v, g->bufs[b->param].type, r->stochastic_rounding);
+        ir_store(g, b->param, v);
+      } else {
+        int nb = bufmap[x->buf];
+        bool sr = bb->kind == BUF_PARAM && r->stochastic_rounding;
+        ir_store(g, nb, g->bufs[nb].type == bb->type ? v : round_for(b, v, g->bufs[nb].type, sr));
+      }
+      g->ins[first].lead = x->lead ? arena_strdup(g->arena, x->lead) : NULL;
+      g->ins[g->nins - 1].trail = x->trail ? arena_strdup(g->arena, x->trail) : NULL;
+      continue;
+    }
+    case OP_INPUT: {
+      const Binding *bd = find_binding(r, x->name);
+      if (graph_find_value(g, x->name) != NOREF) {
+        error_at(x->pos, "input '%%%s' clashes with one the recipe adds", x->name);
+        return false;
+      }
+      out = ir_emit(g, OP_INPUT, (Type)x->type, 0, NULL);
+      Ins *y = &g->ins[out];
+      y->imm = bd ? bd->value : x->imm;
+      y->has_imm = bd || x->has_imm;
+      y->range = x->range;
+      break;
+    }
+    default:
+      out = ir_emit(g, (Op)x->op, (Type)x->type, op_info[x->op].nargs, args);
+      g->ins[out].imm = x->imm;
+      g->ins[out].red = x->red;
+      g->ins[out].to = x->to;
+      g->ins[out].scope = x->op == OP_REDUCE ? x->to : g->ins[out].scope;
+      break;
+    }
+    Ins *y = &g->ins[out];
+    y->name = unique_name(g, x->name);
+    g->ins[first].lead = x->lead ? arena_strdup(g->arena, x->lead) : NULL;
+    y->trail = x->trail ? arena_strdup(g->arena, x->trail) : NULL;
+    y->pos = x->pos;
+    if (x->op == OP_INPUT && b->step != NOREF && i == b->step)
+      b->step = out;
+    map[i] = out;
+  }
+  return true;
+}
+
+/* Resolves what the options decided: a select on a constant condition
+ * becomes its choice, boolean logic on constants folds, and a store of
+ * a buffer's own unchanged value goes. DCE then drops the unused. */
+static void resolve_options(Graph *g) {
+  for (int i = 0; i < g->nins; i++) {
+    Ins *x = &g->ins[i];
+    Ins *a0 = x->args[0] != NOREF ? &g->ins[x->args[0]] : NULL;
+    Ins *a1 = x->args[1] != NOREF ? &g->ins[x->args[1]] : NULL;
+    if (x->op == OP_SELECT && a0->op == OP_CONST) {
+      ir_replace_uses(g, i, x->args[a0->imm != 0 ? 1 : 2], i + 1);
+    } else if (x->op == OP_NOT && a0->op == OP_CONST) {
+      x->op = OP_CONST, x->imm = a0->imm == 0, x->args[0] = NOREF;
+    } else if ((x->op == OP_AND || x->op == OP_OR) && a0->op == OP_CONST && a1->op == OP_CONST) {
+      x->imm = x->op == OP_AND ? (a0->imm != 0 && a1->imm != 0) : (a0->imm != 0 || a1->imm != 0);
+      x->op = OP_CONST, x->args[0] = x->args[1] = NOREF;
+    }
+  }
+  bool *keep = arena_alloc(g->arena, (size_t)g->nins + 1);
+  for (int i = 0; i < g->nins; i++) {
+    Ins *x = &g->ins[i];
+    keep[i] = !(x->op == OP_STORE && g->ins[x->args[0]].op == OP_LOAD && g->ins[x->args[0]].buf == x->buf);
+  }
+  graph_compact(g, keep);
+}
+
+Graph *frontend_build(Recipe *r) {
+  Graph *g = graph_new(r->arena);
+  g->src = &r->src;
+  Builder b = {.r = r, .g = g, .master = -1, .seed = NOREF, .step_i = NOREF, .step = NOREF};
+  b.param = graph_add_buffer(g, "param", BUF_PARAM, r->param_dtype);
+  b.grad = graph_add_buffer(g, "grad", BUF_GRAD, r->grad_dtype);
+  if (r->master_weights && r->param_dtype != TY_F32) {
+    b.master = graph_add_buffer(g, "master", BUF_STATE, TY_F32);
+    g->bufs[b.master].init = INIT_PARAM;
+  }
+  Ref grad = build_prelude(&b);
+  if (r->write_back_grads) {
+    ir_store(g, b.grad, r->grad_dtype == TY_F32 ? grad : ir_cvt(g, grad, r->grad_dtype));
+    g->ins[g->nins - 1].lead = arena_strdup(g->arena, "# write_back_grads: keep the scaled grads\n");
+  }
+  if (!copy_body(&b, specialize_body(r, r->body), grad))
+    return NULL;
+  pass_dce(g);
+  if (!ir_verify(g))
+    return NULL;
+  return g;
+}

@@ -1,0 +1,110 @@
+/* frontend.h: torchtune-shaped recipes (YAML, through libyaml) and the step
+ * graph they imply: scale_grads -> clip_grad_norm -> the optimizer body. */
+#pragma once
+#include "ir.h"
+
+/* ---- yaml.c: a YAML document as a tree with source positions ------------- */
+typedef enum { YAML_NULL, YAML_SCALAR, YAML_SEQ, YAML_MAP } YamlKind;
+
+typedef struct YamlNode YamlNode;
+struct YamlNode {
+  YamlKind kind;
+  const char *str;  /* SCALAR: the text */
+  bool plain;       /* SCALAR: written without quotes */
+  int n;            /* SEQ: items; MAP: pairs */
+  YamlNode **items; /* SEQ items, or MAP values */
+  const char **keys;     /* MAP keys */
+  SrcPos *key_pos;       /* MAP key positions */
+  SrcPos pos;
+};
+
+/* Parses src into a tree in arena a; NULL (error printed) on bad YAML. */
+YamlNode *yaml_load(const SrcFile *src, Arena *a);
+YamlNode *yaml_get(const YamlNode *map, const char *key);
+int yaml_index(const YamlNode *map, const char *key);
+/* Sets map[key] = value, appending the key when absent. */
+void yaml_set(YamlNode *map, const char *key, YamlNode *value, Arena *a);
+YamlNode *yaml_scalar(Arena *a, const char *s, bool plain, SrcPos pos);
+bool yaml_is_null(const YamlNode *n);
+/* Typed reads; `what` names the key in messages (e.g. "optimizer.lr"). */
+bool yaml_double(const YamlNode *n, const char *what, double *out);
+bool yaml_int(const YamlNode *n, const char *what, long *out);
+bool yaml_bool(const YamlNode *n, const char *what, bool *out);
+bool yaml_string(const YamlNode *n, const char *what, const char **out);
+
+/* ---- frontend.c: recipes ------------------------------------------------- */
+typedef struct {
+  bool model, loss, optimizer_step, scale_grads;
+} CompileFlags;
+
+typedef enum { NONFINITE_SKIP, NONFINITE_ERROR } NonfiniteMode;
+
+/* The Llama 4 text decoder's dimensions, with torchtune's builder names. */
+typedef struct {
+  const char *component;
+  long vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, head_dim;
+  long hidden_dim;        /* each routed expert's SwiGLU width */
+  long shared_hidden_dim; /* the shared expert's width */
+  long num_experts, experts_per_token;
+  bool use_shared_expert, use_qk_norm;
+  long skip_rope_interval; /* every Nth layer has no RoPE (NoPE) */
+  long moe_every_n_layers;
+  long attention_chunk_size, max_seq_len;
+  double rope_base, rope_scale_factor, rope_low_freq_factor, rope_high_freq_factor;
+  long rope_old_context_len;
+  double norm_eps;
+  bool tie_word_embeddings;
+} ModelConfig;
+
+/* The recipe's value for one input or option of the optimizer body. */
+typedef struct {
+  const char *name;
+  double value;
+} Binding;
+
+typedef struct {
+  const char *path;
+  SrcFile src;
+  Arena *arena;
+  YamlNode *root;
+  /* optimizer */
+  const char *component;      /* as written, e.g. torch.optim.AdamW */
+  const char *optimizer_name; /* built-in body name, e.g. adamw, or a path */
+  const SrcFile *optimizer_src;
+  YamlNode *optimizer;
+  Graph *body; /* the parsed optimizer body */
+  Binding *bindings;
+  int nbindings, capbindings;
+  /* precision: buffer element types */
+  Type param_dtype, grad_dtype, state_dtype;
+  bool master_weights, stochastic_rounding;
+  /* the step around the optimizer */
+  bool has_clip;
+  double clip_grad_norm;
+  long batch_size, gradient_accumulation_steps, epochs, max_steps_per_epoch, max_steps;
+  long seed;
+  bool has_seed;
+  bool shuffle, fsdp_cpu_offload;
+  bool write_back_grads; /* optc key: keep scaled/clipped grads in memory */
+  CompileFlags compile;
+  NonfiniteMode nonfinite;
+  bool has_model;
+  ModelConfig model;
+} Recipe;
+
+/* Reads a recipe and applies `key.sub=value` overrides. The recipe and all
+ * it points to live in arena a. NULL (error printed) on any mistake. */
+Recipe *recipe_load(const char *path, const char *const *overrides, int noverrides, Arena *a);
+/* Builds the step graph a recipe implies, options resolved. */
+Graph *frontend_build(Recipe *r);
+/* Reads an .optir file (or a built-in by name) into arena a. */
+Graph *optir_load(const char *path, Arena *a);
+
+/* ---- builtins.c (generated): the optimizer bodies in recipes/optimizers --- */
+typedef struct {
+  const char *name; /* adamw, adam, ... */
+  const char *path; /* recipes/optimizers/NAME.optir, for messages */
+  const char *text;
+} BuiltinOptimizer;
+extern const BuiltinOptimizer builtin_optimizers[];
+extern const int num_builtin_optimizers;

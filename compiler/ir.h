@@ -1,0 +1,158 @@
+/* ir.h: the optimizer IR. A step graph says what happens to one element of
+ * one tensor in a parameter group during one optimizer step. Values are
+ * small integer refs into the graph's instruction array, which lives in an
+ * arena freed when the compile ends. */
+#pragma once
+#include "base.h"
+
+/* ---- types and scopes (ir.c) ---------------------------------------------- */
+typedef enum { TY_VOID, TY_BOOL, TY_I32, TY_I64, TY_F16, TY_BF16, TY_F32, TY_F64, NUM_TYPES } Type;
+
+/* Ordered from narrow to wide: a value at step scope is one number per step;
+ * tensor scope, one per tensor; elem scope, one per element. */
+typedef enum { SCOPE_STEP, SCOPE_TENSOR, SCOPE_ELEM, NUM_SCOPES } Scope;
+
+extern const char *const type_names[NUM_TYPES];
+extern const char *const scope_names[NUM_SCOPES];
+int type_size(Type t); /* bytes per element; 0 for void */
+bool type_is_float(Type t);
+bool type_is_int(Type t);
+bool type_from_name(const char *s, size_t n, Type *out);
+bool scope_from_name(const char *s, size_t n, Scope *out);
+
+/* ---- ops (ops.def) -------------------------------------------------------- */
+typedef enum {
+#define OP(e, s, n, t, sc, f) OP_##e,
+#include "ops.def"
+#undef OP
+  NUM_OPS
+} Op;
+
+typedef enum { TR_LEAF, TR_LOAD, TR_STORE, TR_ARITH, TR_CMP, TR_TEST, TR_LOGIC, TR_SELECT,
+               TR_CVT, TR_CVTSR, TR_REDUCE } TypeRule;
+typedef enum { SR_STEP, SR_ELEM, SR_WIDEST, SR_REDUCE } ScopeRule;
+enum { F_COMMUTE = 1, F_FOLD = 2, F_SIDE = 4, F_TRANSC = 8 };
+
+typedef struct {
+  const char *name;
+  int nargs;
+  TypeRule type_rule;
+  ScopeRule scope_rule;
+  int flags;
+} OpInfo;
+extern const OpInfo op_info[NUM_OPS];
+bool op_from_name(const char *s, size_t n, Op *out);
+
+typedef enum { RED_SUM, RED_SUMSQ, RED_MAX, RED_ABSMAX, NUM_REDS } RedKind;
+extern const char *const red_names[NUM_REDS];
+
+/* ---- graphs (ir.c) -------------------------------------------------------- */
+typedef int32_t Ref; /* index into Graph.ins */
+#define NOREF (-1)
+
+typedef enum { BUF_PARAM, BUF_GRAD, BUF_STATE, NUM_BUFKINDS } BufKind;
+extern const char *const bufkind_names[NUM_BUFKINDS];
+
+/* How a state buffer starts when no saved state exists, as torch does it. */
+typedef enum { INIT_CONST, INIT_PARAM, INIT_INPUT } InitKind;
+
+typedef struct {
+  const char *name; /* torch state_dict name for states: exp_avg, sum, ... */
+  BufKind kind;
+  Type type;
+  InitKind init;
+  double init_value;      /* INIT_CONST */
+  const char *init_input; /* INIT_INPUT: name of an input whose value is used */
+  const char *lead;       /* comment and blank lines before the line, verbatim */
+  const char *trail;      /* a comment after the line, verbatim */
+  SrcPos pos;
+} Buffer;
+
+/* The allowed values of an input: lo <..< hi, each end open or closed. */
+typedef struct {
+  bool set;
+  double lo, hi;
+  bool lo_open, hi_open;
+} Range;
+
+typedef struct {
+  uint8_t op;     /* Op */
+  uint8_t type;   /* Type of the result; TY_VOID for store */
+  uint8_t scope;  /* Scope, computed by ir_infer_scopes */
+  uint8_t red;    /* REDUCE: RedKind */
+  uint8_t to;     /* REDUCE: target Scope */
+  bool has_imm;   /* INPUT: a default is given; OPTION: a literal is given */
+  int16_t seg;    /* -1, or after partition: 2k = step scalars before phase k,
+                     2k+1 = the element loop of phase k */
+  Ref args[3];
+  int buf;        /* LOAD/STORE: index into Graph.bufs */
+  double imm;     /* CONST value; INPUT default; OPTION literal */
+  Range range;    /* INPUT */
+  Ref dep;        /* OPTION nonzero(%x): the input x */
+  const char *name;  /* SSA name without '%', or NULL */
+  const char *lead;  /* comment and blank lines before the line, verbatim */
+  const char *trail; /* a comment after the line, verbatim */
+  SrcPos pos;
+} Ins;
+
+typedef struct {
+  Arena *arena;
+  Buffer *bufs;
+  int nbufs, capbufs;
+  Ins *ins;
+  int nins, capins;
+  int nphases;      /* 0 until partition */
+  const char *tail; /* comment lines after the last line */
+  const SrcFile *src;
+} Graph;
+
+/* The graph lives in arena a, which its creator frees. */
+Graph *graph_new(Arena *a);
+/* A deep copy into arena a. */
+Graph *graph_clone(const Graph *g, Arena *a);
+int graph_find_buffer(const Graph *g, const char *name);
+Ref graph_find_value(const Graph *g, const char *name); /* by SSA name */
+Ref graph_find_input(const Graph *g, const char *name); /* an INPUT or OPTION */
+int graph_add_buffer(Graph *g, const char *name, BufKind kind, Type type);
+int graph_count_uses(const Graph *g, Ref r);
+
+/* Builder: each call appends one instruction and returns its ref. */
+Ref ir_emit(Graph *g, Op op, Type type, int nargs, const Ref *args);
+Ref ir_const(Graph *g, Type t, double v);
+Ref ir_input(Graph *g, const char *name, Type t);
+Ref ir_load(Graph *g, int buf);
+void ir_store(Graph *g, int buf, Ref v);
+Ref ir_op1(Graph *g, Op op, Ref a);
+Ref ir_op2(Graph *g, Op op, Ref a, Ref b);
+Ref ir_op3(Graph *g, Op op, Ref a, Ref b, Ref c);
+Ref ir_cvt(Graph *g, Ref a, Type to);
+Ref ir_reduce(Graph *g, RedKind k, Scope to, Ref a);
+Ref ir_name(Graph *g, Ref r, const char *name); /* returns r */
+
+/* Rewrites every use of `from` (at or after index `start`) to `to`. */
+void ir_replace_uses(Graph *g, Ref from, Ref to, Ref start);
+/* Keeps the instructions with keep[i] set, in order, and renumbers refs.
+ * A kept instruction must not use a dropped one. */
+void graph_compact(Graph *g, const bool *keep);
+/* Reorders the instructions by order[] (a permutation, new index -> old index),
+ * renumbering refs. Operands must still come before their users. */
+void graph_permute(Graph *g, const Ref *order);
+/* Recomputes every value's scope from its operands. */
+void ir_infer_scopes(Graph *g);
+
+/* ---- print.c ------------------------------------------------------------- */
+/* Appends the textual form; parse(print(g)) prints to the same bytes. */
+void ir_print(const Graph *g, Buf *out);
+void ir_print_file(const Graph *g, FILE *f);
+/* The text of one literal value of type t, as the printer writes it. */
+void ir_format_imm(char out[40], Type t, double v);
+
+/* ---- parse.c ------------------------------------------------------------- */
+/* Parses src into a new graph in arena a. On error, prints positioned
+ * messages and returns NULL. src must outlive the graph. */
+Graph *ir_parse(const SrcFile *src, Arena *a);
+
+/* ---- verify.c ------------------------------------------------------------ */
+/* Checks types, scopes, SSA order, buffers and stores. Prints the first
+ * problem at its position and returns false. */
+bool ir_verify(Graph *g);

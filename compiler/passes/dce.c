@@ -1,0 +1,43 @@
+/* dce.c: dead code elimination.
+ *
+ * A value is live when a store or a live value uses it. Everything else
+ * goes, inputs included, and so do state buffers that no live load or
+ * store names: the executor then never allocates or streams them. */
+#include "../passes.h"
+
+void pass_dce(Graph *g) {
+  int n = g->nins;
+  bool *live = arena_alloc(g->arena, (size_t)n + 1);
+  for (int i = n - 1; i >= 0; i--) {
+    Ins *x = &g->ins[i];
+    if (op_info[x->op].flags & F_SIDE)
+      live[i] = true;
+    if (!live[i])
+      continue;
+    for (int k = 0; k < op_info[x->op].nargs; k++)
+      live[x->args[k]] = true;
+    if (x->dep != NOREF)
+      live[x->dep] = true;
+  }
+  graph_compact(g, live);
+
+  /* Drop state buffers nothing uses, and renumber the rest. */
+  int *used = arena_alloc(g->arena, sizeof(int) * (size_t)(g->nbufs + 1));
+  for (int i = 0; i < g->nins; i++)
+    if (g->ins[i].buf >= 0)
+      used[g->ins[i].buf] = 1;
+  int *map = arena_alloc(g->arena, sizeof(int) * (size_t)(g->nbufs + 1));
+  int nb = 0;
+  for (int b = 0; b < g->nbufs; b++) {
+    if (!used[b] && g->bufs[b].kind == BUF_STATE) {
+      map[b] = -1;
+      continue;
+    }
+    map[b] = nb;
+    g->bufs[nb++] = g->bufs[b];
+  }
+  g->nbufs = nb;
+  for (int i = 0; i < g->nins; i++)
+    if (g->ins[i].buf >= 0)
+      g->ins[i].buf = map[g->ins[i].buf];
+}

@@ -1,0 +1,228 @@
+/* yaml.c: libyaml's document, copied into a tree that keeps source positions,
+ * and typed reads that report mistakes at the value's line and column. */
+#include "frontend.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+
+static SrcPos mark_pos(const SrcFile *src, yaml_mark_t m) {
+  return (SrcPos){src, (int)m.line + 1, (int)m.column + 1};
+}
+
+static YamlNode *convert(yaml_document_t *doc, yaml_node_t *y, const SrcFile *src, Arena *a, int depth) {
+  YamlNode *n = arena_alloc(a, sizeof(YamlNode));
+  n->pos = mark_pos(src, y->start_mark);
+  if (depth > 64) {
+    error_at(n->pos, "YAML nested too deeply");
+    return NULL;
+  }
+  switch (y->type) {
+  case YAML_SCALAR_NODE:
+    n->kind = YAML_SCALAR;
+    n->str = arena_strndup(a, (const char *)y->data.scalar.value, y->data.scalar.length);
+    n->plain = y->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+    if (n->plain && (strcmp(n->str, "null") == 0 || strcmp(n->str, "Null") == 0 ||
+                     strcmp(n->str, "NULL") == 0 || strcmp(n->str, "~") == 0 || n->str[0] == 0))
+      n->kind = YAML_NULL;
+    return n;
+  case YAML_SEQUENCE_NODE: {
+    n->kind = YAML_SEQ;
+    int count = (int)(y->data.sequence.items.top - y->data.sequence.items.start);
+    n->items = arena_alloc(a, sizeof(YamlNode *) * (size_t)(count + 1));
+    for (yaml_node_item_t *it = y->data.sequence.items.start; it < y->data.sequence.items.top; it++) {
+      YamlNode *c = convert(doc, yaml_document_get_node(doc, *it), src, a, depth + 1);
+      if (!c)
+        return NULL;
+      n->items[n->n++] = c;
+    }
+    return n;
+  }
+  case YAML_MAPPING_NODE: {
+    n->kind = YAML_MAP;
+    int count = (int)(y->data.mapping.pairs.top - y->data.mapping.pairs.start);
+    n->items = arena_alloc(a, sizeof(YamlNode *) * (size_t)(count + 1));
+    n->keys = arena_alloc(a, sizeof(char *) * (size_t)(count + 1));
+    n->key_pos = arena_alloc(a, sizeof(SrcPos) * (size_t)(count + 1));
+    for (yaml_node_pair_t *p = y->data.mapping.pairs.start; p < y->data.mapping.pairs.top; p++) {
+      yaml_node_t *k = yaml_document_get_node(doc, p->key);
+      SrcPos kp = mark_pos(src, k->start_mark);
+      if (k->type != YAML_SCALAR_NODE) {
+        error_at(kp, "a mapping key must be a plain name");
+        return NULL;
+      }
+      const char *key = arena_strndup(a, (const char *)k->data.scalar.value, k->data.scalar.length);
+      if (yaml_index(n, key) >= 0) {
+        error_at(kp, "key '%s' appears twice", key);
+        note_at(n->key_pos[yaml_index(n, key)], "first here");
+        return NULL;
+      }
+      YamlNode *v = convert(doc, yaml_document_get_node(doc, p->value), src, a, depth + 1);
+      if (!v)
+        return NULL;
+      n->keys[n->n] = key;
+      n->key_pos[n->n] = kp;
+      n->items[n->n++] = v;
+    }
+    return n;
+  }
+  default:
+    n->kind = YAML_NULL;
+    return n;
+  }
+}
+
+YamlNode *yaml_load(const SrcFile *src, Arena *a) {
+  yaml_parser_t parser;
+  yaml_document_t doc;
+  if (!yaml_parser_initialize(&parser)) {
+    error("cannot initialise libyaml");
+    return NULL;
+  }
+  yaml_parser_set_input_string(&parser, (const unsigned char *)src->text, src->len);
+  if (!yaml_parser_load(&parser, &doc)) {
+    SrcPos pos = mark_pos(src, parser.problem_mark);
+    if (parser.context)
+      error_at(pos, "YAML syntax error: %s %s", parser.problem ? parser.problem : "", parser.context);
+    else
+      error_at(pos, "YAML syntax error: %s", parser.problem ? parser.problem : "malformed document");
+    yaml_parser_delete(&parser);
+    return NULL;
+  }
+  yaml_node_t *root = yaml_document_get_root_node(&doc);
+  YamlNode *n;
+  if (!root) {
+    n = arena_alloc(a, sizeof(YamlNode));
+    n->kind = YAML_MAP;
+    n->pos = (SrcPos){src, 1, 1};
+  } else {
+    n = convert(&doc, root, src, a, 0);
+  }
+  yaml_document_delete(&doc);
+  yaml_parser_delete(&parser);
+  return n;
+}
+
+int yaml_index(const YamlNode *map, const char *key) {
+  if (!map || map->kind != YAML_MAP)
+    return -1;
+  for (int i = 0; i < map->n; i++)
+    if (strcmp(map->keys[i], key) == 0)
+      return i;
+  return -1;
+}
+
+YamlNode *yaml_get(const YamlNode *map, const char *key) {
+  int i = yaml_index(map, key);
+  return i < 0 ? NULL : map->items[i];
+}
+
+void yaml_set(YamlNode *map, const char *key, YamlNode *value, Arena *a) {
+  int i = yaml_index(map, key);
+  if (i >= 0) {
+    map->items[i] = value;
+    return;
+  }
+  YamlNode **items = arena_alloc(a, sizeof(YamlNode *) * (size_t)(map->n + 1));
+  const char **keys = arena_alloc(a, sizeof(char *) * (size_t)(map->n + 1));
+  SrcPos *kp = arena_alloc(a, sizeof(SrcPos) * (size_t)(map->n + 1));
+  if (map->n) {
+    memcpy(items, map->items, sizeof(YamlNode *) * (size_t)map->n);
+    memcpy(keys, map->keys, sizeof(char *) * (size_t)map->n);
+    memcpy(kp, map->key_pos, sizeof(SrcPos) * (size_t)map->n);
+  }
+  items[map->n] = value;
+  keys[map->n] = arena_strdup(a, key);
+  kp[map->n] = value->pos;
+  map->items = items;
+  map->keys = keys;
+  map->key_pos = kp;
+  map->n++;
+}
+
+YamlNode *yaml_scalar(Arena *a, const char *s, bool plain, SrcPos pos) {
+  YamlNode *n = arena_alloc(a, sizeof(YamlNode));
+  n->kind = YAML_SCALAR;
+  n->str = arena_strdup(a, s);
+  n->plain = plain;
+  n->pos = pos;
+  if (plain && (strcmp(s, "null") == 0 || strcmp(s, "~") == 0 || s[0] == 0))
+    n->kind = YAML_NULL;
+  return n;
+}
+
+bool yaml_is_null(const YamlNode *n) { return !n || n->kind == YAML_NULL; }
+
+static const char *kind_name(const YamlNode *n) {
+  switch (n->kind) {
+  case YAML_NULL: return "null";
+  case YAML_SCALAR: return n->plain ? "a plain value" : "a quoted string";
+  case YAML_SEQ: return "a list";
+  case YAML_MAP: return "a mapping";
+  }
+  return "?";
+}
+
+bool yaml_double(const YamlNode *n, const char *what, double *out) {
+  if (n->kind != YAML_SCALAR || !n->plain) {
+    error_at(n->pos, "%s: expected a number, found %s", what, kind_name(n));
+    return false;
+  }
+  const char *s = n->str;
+  char *end;
+  errno = 0;
+  double v;
+  if (strcasecmp(s, ".inf") == 0 || strcasecmp(s, "+.inf") == 0 || strcasecmp(s, "inf") == 0)
+    v = INFINITY, end = (char *)s + strlen(s);
+  else if (strcasecmp(s, "-.inf") == 0 || strcasecmp(s, "-inf") == 0)
+    v = -INFINITY, end = (char *)s + strlen(s);
+  else
+    v = strtod(s, &end);
+  if (end == s || *end || strpbrk(s, "xXnN") || (errno == ERANGE && isinf(v))) {
+    error_at(n->pos, "%s: expected a number, found '%s'", what, s);
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+bool yaml_int(const YamlNode *n, const char *what, long *out) {
+  if (n->kind != YAML_SCALAR || !n->plain) {
+    error_at(n->pos, "%s: expected an integer, found %s", what, kind_name(n));
+    return false;
+  }
+  char *end;
+  errno = 0;
+  long v = strtol(n->str, &end, 10);
+  if (end == n->str || *end || errno == ERANGE) {
+    error_at(n->pos, "%s: expected an integer, found '%s'", what, n->str);
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+bool yaml_bool(const YamlNode *n, const char *what, bool *out) {
+  if (n->kind == YAML_SCALAR && n->plain) {
+    const char *s = n->str;
+    if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "TRUE"))
+      return *out = true, true;
+    if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "FALSE"))
+      return *out = false, true;
+    error_at(n->pos, "%s: expected true or false, found '%s'", what, s);
+    return false;
+  }
+  error_at(n->pos, "%s: expected true or false, found %s", what, kind_name(n));
+  return false;
+}
+
+bool yaml_string(const YamlNode *n, const char *what, const char **out) {
+  if (n->kind != YAML_SCALAR) {
+    error_at(n->pos, "%s: expected a string, found %s", what, kind_name(n));
+    return false;
+  }
+  *out = n->str;
+  return true;
+}
