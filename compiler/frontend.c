@@ -759,6 +759,8 @@ static Ref build_prelude(Builder *b) {
   Ref scale = named(b, ir_op2(g, OP_DIV, ws32, nt32), "grad_scale", NULL);
   Ref gs = named(b, ir_op2(g, OP_MUL, gf, scale), "grad_scaled", NULL);
   gs = as_held(b, gs, gd, r->has_clip ? "grad_scaled" : "grad");
+  if (!r->has_clip)
+    return gs;
   Range pos = {true, 0, INFINITY, true, true};
   Ref mn = input(b, "max_norm", r->clip_grad_norm, pos, NULL);
   named(b, mn, "max_norm",

@@ -286,8 +286,7 @@ static bool parse_operand(Parser *ps, Ref *out) {
   if (r == NOREF) {
     arena_grow(ps->g->arena, (void **)&ps->pending, &ps->cappending, ps->npending + 1, sizeof(Pending));
     ps->pending[ps->npending++] = (Pending){name, ps->tok.off};
-    r = 0; /* a placeholder; the parse fails at the end */
-    ps->failed = true;
+    r = 0; /* a placeholder: the parse fails at the end, naming the first such use */
   }
   *out = r;
   next(ps);
@@ -597,7 +596,7 @@ Graph *ir_parse(const SrcFile *src, Arena *a) {
     ps.g->tail = arena_strndup(a, lead.data, lead.len);
   buf_free(&lead);
   /* Uses of names that were never defined before them. */
-  for (int i = 0; i < ps.npending; i++) {
+  for (int i = 0; !ps.failed && i < ps.npending; i++) {
     Pending *u = &ps.pending[i];
     Ref def = graph_find_value(ps.g, u->name);
     if (def != NOREF)
@@ -605,7 +604,7 @@ Graph *ir_parse(const SrcFile *src, Arena *a) {
                ps.g->ins[def].pos.line);
     else
       error_at(pos_at(&ps, u->off), "use of undefined value '%%%s'", u->name);
-    break;
+    ps.failed = true;
   }
   if (ps.failed)
     return NULL;

@@ -8,6 +8,13 @@
 void pass_dce(Graph *g) {
   int n = g->nins;
   bool *live = arena_alloc(g->arena, (size_t)n + 1);
+  /* An input that starts a state buffer is read by the runtime. */
+  for (int b = 0; b < g->nbufs; b++)
+    if (g->bufs[b].init == INIT_INPUT) {
+      Ref r = graph_find_input(g, g->bufs[b].init_input);
+      if (r != NOREF)
+        live[r] = true;
+    }
   for (int i = n - 1; i >= 0; i--) {
     Ins *x = &g->ins[i];
     if (op_info[x->op].flags & F_SIDE)

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# setup.sh: install what is missing (apt, as root), build, and run.
+#
+#   ./setup.sh         install + configure build/ + build
+#   ./setup.sh demo    ... then the main job (see README)
+#   ./setup.sh test    ... then every test; the last line is "tests: N passed, M failed"
+#
+# Idempotent: a second run installs nothing and rebuilds only what changed.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PKGS=(gcc g++ pkg-config python3 meson ninja-build
+      llvm-19-dev llvm-19-tools libyaml-dev libjansson-dev
+      libopenmpi-dev openmpi-bin libopenblas-dev gnuplot-nox)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup.sh: installing ${missing[*]}"
+  SUDO=
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "setup.sh: run as root to install packages" >&2; exit 1; }
+    SUDO=sudo
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if [ ! -f build/build.ninja ]; then
+  meson setup build --native-file native.ini
+fi
+ninja -C build
+
+case "${1:-}" in
+  "") ;;
+  demo)
+    build/optc --dump-ir recipes/configs/llama4/scout_17B_16E_full.yaml
+    ;;
+  test)
+    rc=0
+    meson test -C build --print-errorlogs --num-processes 2 || rc=$?
+    python3 tests/summary.py build || rc=1
+    exit $rc
+    ;;
+  *)
+    echo "usage: ./setup.sh [demo|test]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,24 @@
+# lit configuration for optc's text tests: *.optir step graphs, *.test
+# command scripts and *.yaml recipes, each with `# RUN:` and `# CHECK:` lines.
+import os
+
+import lit.formats
+
+config.name = "optc"
+config.test_format = lit.formats.ShTest(execute_external=False)
+config.suffixes = [".optir", ".test", ".yaml"]
+config.test_source_root = os.path.dirname(__file__)
+config.excludes = ["Inputs", "lit.cfg.py"]
+if "builddir" in lit_config.params:
+    config.test_exec_root = lit_config.params["builddir"]
+
+params = lit_config.params
+for key in ("optc", "filecheck", "not", "root"):
+    if key not in params:
+        lit_config.fatal("missing --param %s=..." % key)
+
+config.substitutions.append(("%optc", params["optc"]))
+config.substitutions.append(("%root", params["root"]))
+config.substitutions.append(("%FileCheck", params["filecheck"]))
+config.substitutions.append(("%not", params["not"]))
+config.environment["OPTC_CACHE"] = "0"
