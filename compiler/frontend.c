@@ -788,23 +788,53 @@ static const char *unique_name(Graph *g, const char *name) {
   }
 }
 
-static void resolve_options(Graph *g);
+/* Resolves what the options decided: a select on a constant condition
+ * becomes its choice, boolean logic on constants folds, and a store of
+ * a buffer's own unchanged value goes. DCE then drops the unused. */
+static void resolve_options(Graph *g) {
+  for (int i = 0; i < g->nins; i++) {
+    Ins *x = &g->ins[i];
+    Ins *a0 = x->args[0] != NOREF ? &g->ins[x->args[0]] : NULL;
+    Ins *a1 = x->args[1] != NOREF ? &g->ins[x->args[1]] : NULL;
+    if (x->op == OP_SELECT && a0->op == OP_CONST) {
+      ir_replace_uses(g, i, x->args[a0->imm != 0 ? 1 : 2], i + 1);
+    } else if (x->op == OP_NOT && a0->op == OP_CONST) {
+      x->op = OP_CONST, x->imm = a0->imm == 0, x->args[0] = NOREF;
+    } else if ((x->op == OP_AND || x->op == OP_OR) && a0->op == OP_CONST && a1->op == OP_CONST) {
+      x->imm = x->op == OP_AND ? (a0->imm != 0 && a1->imm != 0) : (a0->imm != 0 || a1->imm != 0);
+      x->op = OP_CONST, x->args[0] = x->args[1] = NOREF;
+    }
+  }
+  bool *keep = arena_alloc(g->arena, (size_t)g->nins + 1);
+  for (int i = 0; i < g->nins; i++) {
+    Ins *x = &g->ins[i];
+    keep[i] = !(x->op == OP_STORE && g->ins[x->args[0]].op == OP_LOAD && g->ins[x->args[0]].buf == x->buf);
+  }
+  graph_compact(g, keep);
+}
 
-/* Binds the body's options to the recipe's choices (or their defaults),
- * in a copy, and drops what they switch off. */
-static Graph *specialize_body(Recipe *r, const Graph *src) {
-  Graph *body = graph_clone(src, r->arena);
+static const Binding *find_in(const Binding *b, int n, const char *name) {
+  for (int i = n - 1; i >= 0; i--)
+    if (strcmp(b[i].name, name) == 0)
+      return &b[i];
+  return NULL;
+}
+
+/* Binds a body's options to the given choices (or their defaults), in a
+ * copy, and drops what they switch off. */
+Graph *optir_specialize(const Graph *src, const Binding *b, int n, Arena *a) {
+  Graph *body = graph_clone(src, a);
   for (int i = 0; i < body->nins; i++) {
     Ins *x = &body->ins[i];
     if (x->op != OP_OPTION)
       continue;
-    const Binding *bd = find_binding(r, x->name);
+    const Binding *bd = find_in(b, n, x->name);
     double v = x->imm;
     if (bd) {
       v = bd->value;
     } else if (x->dep != NOREF) {
       const Ins *dep = &body->ins[x->dep];
-      const Binding *db = find_binding(r, dep->name);
+      const Binding *db = find_in(b, n, dep->name);
       v = (db ? db->value : dep->imm) != 0;
     }
     x->op = OP_CONST;
@@ -919,31 +949,6 @@ static bool copy_body(Builder *b, const Graph *body, Ref grad) {
   return true;
 }
 
-/* Resolves what the options decided: a select on a constant condition
- * becomes its choice, boolean logic on constants folds, and a store of
- * a buffer's own unchanged value goes. DCE then drops the unused. */
-static void resolve_options(Graph *g) {
-  for (int i = 0; i < g->nins; i++) {
-    Ins *x = &g->ins[i];
-    Ins *a0 = x->args[0] != NOREF ? &g->ins[x->args[0]] : NULL;
-    Ins *a1 = x->args[1] != NOREF ? &g->ins[x->args[1]] : NULL;
-    if (x->op == OP_SELECT && a0->op == OP_CONST) {
-      ir_replace_uses(g, i, x->args[a0->imm != 0 ? 1 : 2], i + 1);
-    } else if (x->op == OP_NOT && a0->op == OP_CONST) {
-      x->op = OP_CONST, x->imm = a0->imm == 0, x->args[0] = NOREF;
-    } else if ((x->op == OP_AND || x->op == OP_OR) && a0->op == OP_CONST && a1->op == OP_CONST) {
-      x->imm = x->op == OP_AND ? (a0->imm != 0 && a1->imm != 0) : (a0->imm != 0 || a1->imm != 0);
-      x->op = OP_CONST, x->args[0] = x->args[1] = NOREF;
-    }
-  }
-  bool *keep = arena_alloc(g->arena, (size_t)g->nins + 1);
-  for (int i = 0; i < g->nins; i++) {
-    Ins *x = &g->ins[i];
-    keep[i] = !(x->op == OP_STORE && g->ins[x->args[0]].op == OP_LOAD && g->ins[x->args[0]].buf == x->buf);
-  }
-  graph_compact(g, keep);
-}
-
 Graph *frontend_build(Recipe *r) {
   Graph *g = graph_new(r->arena);
   g->src = &r->src;
@@ -959,7 +964,7 @@ Graph *frontend_build(Recipe *r) {
     ir_store(g, b.grad, r->grad_dtype == TY_F32 ? grad : ir_cvt(g, grad, r->grad_dtype));
     g->ins[g->nins - 1].lead = arena_strdup(g->arena, "# write_back_grads: keep the scaled grads\n");
   }
-  if (!copy_body(&b, specialize_body(r, r->body), grad))
+  if (!copy_body(&b, optir_specialize(r->body, r->bindings, r->nbindings, r->arena), grad))
     return NULL;
   pass_dce(g);
   if (!ir_verify(g))

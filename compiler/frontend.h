@@ -99,6 +99,9 @@ Recipe *recipe_load(const char *path, const char *const *overrides, int noverrid
 Graph *frontend_build(Recipe *r);
 /* Reads an .optir file (or a built-in by name) into arena a. */
 Graph *optir_load(const char *path, Arena *a);
+/* A copy of g with each option bound (by name in b, else its default) and
+ * folded away, and what the choices switch off dropped. */
+Graph *optir_specialize(const Graph *g, const Binding *b, int n, Arena *a);
 
 /* ---- builtins.c (generated): the optimizer bodies in recipes/optimizers --- */
 typedef struct {

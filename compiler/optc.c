@@ -1,4 +1,5 @@
 /* optc.c: the command line. */
+#include "../runtime/rt.h"
 #include "frontend.h"
 #include "passes.h"
 
@@ -19,8 +20,38 @@ static const char usage_main[] =
     "\n"
     "subcommands:\n"
     "  compile       (the default) build, verify and print the step graph\n"
+    "  exec          run optimizer steps on tensors from a safetensors file\n"
     "\n"
-    "Run 'optc compile --help' for the options.\n";
+    "Run 'optc SUBCOMMAND --help' for the options of each.\n";
+
+static const char usage_exec[] =
+    "usage: optc exec CONFIG --in IN.safetensors --out OUT.safetensors [options] [KEY=VALUE ...]\n"
+    "\n"
+    "Runs optimizer steps of CONFIG (a recipe .yaml, an .optir file or a built-in\n"
+    "name) on the tensors of IN and writes the result to OUT, atomically.\n"
+    "\n"
+    "IN holds, for each parameter NAME: NAME and NAME.grad; optionally its states\n"
+    "under torch's state_dict names (NAME.exp_avg, NAME.exp_avg_sq,\n"
+    "NAME.max_exp_avg_sq, NAME.momentum_buffer, NAME.sum, NAME.square_avg,\n"
+    "NAME.grad_avg) and its step count NAME.step (or one scalar `step`).\n"
+    "Missing states start as torch starts them. OUT holds the params, the states\n"
+    "and NAME.step after the steps, and every other tensor of IN unchanged (the\n"
+    "grads too, so OUT can be the next run's IN).\n"
+    "\n"
+    "When any grad is NaN or infinite the step is skipped for the whole group\n"
+    "(params, states and step unchanged) and reported; the count is in OUT's\n"
+    "metadata as optc.skipped_steps. With `nonfinite_grads: error` in the\n"
+    "recipe it is an error instead, and OUT is not written.\n"
+    "\n"
+    "options:\n"
+    "  --in FILE            input tensors\n"
+    "  --out FILE           output tensors\n"
+    "  --steps N            steps to run with the same grads (default 1)\n"
+    "  --backend NAME       interp (the reference interpreter; the default)\n"
+    "  --set NAME=VALUE     a runtime input (lr, num_tokens, world_size, max_norm, ...)\n"
+    "                       or, for an .optir CONFIG, an option (amsgrad=true)\n"
+    "  KEY=VALUE            override a recipe key (optimizer.lr=1e-4)\n"
+    "  -h, --help           this text\n";
 
 static const char usage_compile[] =
     "usage: optc [compile] CONFIG [options] [KEY=VALUE ...]\n"
@@ -171,6 +202,171 @@ static int cmd_compile(int argc, char **argv) {
   return rc;
 }
 
+static int cmd_exec(int argc, char **argv) {
+  const char *config = NULL, *in_path = NULL, *out_path = NULL;
+  long steps = 1;
+  Backend backend = BACKEND_INTERP;
+  Binding *sets = calloc((size_t)argc + 1, sizeof(Binding));
+  const char **overrides = calloc((size_t)argc + 1, sizeof(char *));
+  int nsets = 0, nov = 0, rc = 2;
+  Arena *arena = arena_new();
+  TensorFile in = {0}, out = {0};
+  ParamGroup pg = {0};
+  bool have_group = false;
+  double *vals = NULL;
+  Binding *input_sets = NULL; /* for an .optir CONFIG: the --sets that are not options */
+  int ninput_sets = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = NULL;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      fputs(usage_exec, stdout);
+      rc = 0;
+      goto done;
+    }
+    if (a[0] == '-' && a[1] == '-' && strchr(a, '=')) {
+      v = strchr(a, '=') + 1; /* --flag=value */
+    } else if (a[0] == '-' && strcmp(a, "--help") && i + 1 < argc) {
+      v = argv[i + 1];
+    }
+#define FLAG(name) (!strncmp(a, name, strlen(name)) && (a[strlen(name)] == 0 || a[strlen(name)] == '='))
+#define TAKE() (strchr(a, '=') ? v : (i++, v))
+    if (FLAG("--in")) {
+      in_path = TAKE();
+    } else if (FLAG("--out")) {
+      out_path = TAKE();
+    } else if (FLAG("--steps")) {
+      const char *s = TAKE();
+      char *end;
+      steps = s ? strtol(s, &end, 10) : 0;
+      if (!s || *end || steps < 1) {
+        error("--steps needs a positive whole number");
+        goto done;
+      }
+    } else if (FLAG("--backend")) {
+      const char *s = TAKE();
+      if (!s || !backend_from_name(s, &backend)) {
+        error("unknown --backend '%s'; expected one of: interp, eager, cpu, cuda", s ? s : "");
+        goto done;
+      }
+    } else if (FLAG("--set")) {
+      const char *s = TAKE();
+      if (!s || !parse_set(s, &sets[nsets])) {
+        if (!s)
+          error("--set needs NAME=VALUE");
+        goto done;
+      }
+      nsets++;
+    } else if (a[0] == '-') {
+      error("unknown option '%s' (see optc exec --help)", a);
+      goto done;
+    } else if (!config) {
+      config = a;
+    } else if (strchr(a, '=')) {
+      overrides[nov++] = a;
+    } else {
+      error("unexpected argument '%s'", a);
+      goto done;
+    }
+#undef FLAG
+#undef TAKE
+  }
+  if (!config || !in_path || !out_path) {
+    error("exec needs CONFIG, --in and --out (see optc exec --help)");
+    goto done;
+  }
+  rc = 1;
+  NonfiniteMode nonfinite = NONFINITE_SKIP;
+  Graph *g;
+  if (ends_with(config, ".yaml") || ends_with(config, ".yml")) {
+    Recipe *r = recipe_load(config, overrides, nov, arena);
+    g = r ? frontend_build(r) : NULL;
+    if (r)
+      nonfinite = r->nonfinite;
+  } else {
+    if (nov > 0) {
+      error("KEY=VALUE overrides apply to recipes (.yaml), not to '%s'", config);
+      goto done;
+    }
+    g = optir_load(config, arena);
+    if (g) {
+      /* --set may choose the program's options; the rest go to inputs. */
+      Binding *opts = calloc((size_t)nsets + 1, sizeof(Binding));
+      Binding *rest = calloc((size_t)nsets + 1, sizeof(Binding));
+      int nopts = 0, nrest = 0;
+      for (int k = 0; k < nsets; k++) {
+        Ref x = graph_find_input(g, sets[k].name);
+        if (x != NOREF && g->ins[x].op == OP_OPTION)
+          opts[nopts++] = sets[k];
+        else
+          rest[nrest++] = sets[k];
+      }
+      g = optir_specialize(g, opts, nopts, arena);
+      input_sets = rest;
+      ninput_sets = nrest;
+      free(opts);
+    }
+  }
+  if (!g || !pipeline_run(g, &(PipelineOptions){0}))
+    goto done;
+  vals = calloc((size_t)g->nins + 1, sizeof(double));
+  Binding first_step = {"step", 1.0};
+  if (inputs_resolve(g, input_sets ? input_sets : sets, input_sets ? ninput_sets : nsets, &first_step, 1, vals) != 0)
+    goto done;
+  if (st_read(in_path, &in) != 0)
+    goto done;
+  int finite;
+  if (group_from_file(&pg, g, &in, vals, &finite) != 0)
+    goto done;
+  have_group = true;
+  Ref step_ref = graph_find_input(g, "step");
+  int skipped = 0;
+  for (long s = 0; s < steps; s++) {
+    if (step_ref != NOREF)
+      vals[step_ref] = pg.step + 1;
+    StepArgs args = {.inputs = vals, .grads_finite = finite};
+    StepResult res;
+    if (group_step(&pg, backend, &args, &res) != 0)
+      goto done;
+    if (res.skipped) {
+      if (nonfinite == NONFINITE_ERROR) {
+        error("step %g: non-finite gradients (nonfinite_grads: error); %s not written", pg.step + 1, out_path);
+        goto done;
+      }
+      fprintf(stderr, "optc: step %g skipped: non-finite gradients; params and states unchanged\n", pg.step + 1);
+      skipped++;
+      continue;
+    }
+    pg.step += 1;
+  }
+  if (group_to_file(&pg, &in, &out) != 0)
+    goto done;
+  for (int i = 0; i < in.nmeta; i++)
+    tf_set_meta(&out, in.meta_keys[i], in.meta_vals[i]);
+  char num[32];
+  snprintf(num, sizeof num, "%d", skipped);
+  tf_set_meta(&out, "optc.skipped_steps", num);
+  snprintf(num, sizeof num, "%g", pg.step);
+  tf_set_meta(&out, "optc.step", num);
+  tf_set_meta(&out, "optc.backend", backend_names[backend]);
+  if (st_write(out_path, &out) != 0)
+    goto done;
+  rc = 0;
+done:
+  if (have_group)
+    group_free(&pg);
+  tf_free(&in);
+  tf_free(&out);
+  for (int k = 0; k < nsets; k++)
+    free((char *)sets[k].name);
+  free(sets);
+  free(input_sets);
+  free(overrides);
+  free(vals);
+  arena_free(arena);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fputs(usage_main, stderr);
@@ -187,5 +383,7 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(cmd, "compile"))
     return cmd_compile(argc - 2, argv + 2);
+  if (!strcmp(cmd, "exec"))
+    return cmd_exec(argc - 2, argv + 2);
   return cmd_compile(argc - 1, argv + 1);
 }

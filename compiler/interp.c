@@ -1,0 +1,468 @@
+/* interp.c: the reference interpreter. It defines what a step graph means;
+ * every backend must produce its bytes.
+ *
+ * - Each value is computed in its declared type: f64 as double, f32 as
+ *   float, one rounding per op, no contraction into fused multiply-adds
+ *   (the build passes -ffp-contract=off). Arithmetic on bf16 or f16 values
+ *   computes in f32 and rounds the result to nearest even.
+ * - A reduction sums (or maxes) each chunk in f64, element by element, then
+ *   the chunk partials in chunk order: per tensor for tensor scope, over the
+ *   whole group for step scope.
+ * - Values are evaluated in stages: stage 0 needs no reduction; a value that
+ *   reads a reduction of stage-s values is in stage s+1. The interpreter
+ *   sweeps the elements once per stage, recomputing what it needs from the
+ *   loads, and stores only in the last sweep. Loads therefore always see the
+ *   buffers as they were before the step.
+ */
+#include "plan.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef union {
+  double d;   /* f64 */
+  float f;    /* f32 */
+  uint16_t h; /* bf16, f16: bits */
+  int64_t i;  /* i32, i64, bool */
+} V;
+
+typedef struct {
+  const Graph *g;
+  const GroupLayout *l;
+  void *const *bufs;
+  const double *inputs;
+  int *stage;     /* (nins) */
+  V *step;        /* (nins) step-scope values */
+  V *tensor;      /* (ntensors * nins) tensor-scope values */
+  V *elem;        /* (nins) the element being evaluated */
+  double *part;   /* (nchunks) partials of the reduction being accumulated */
+  int max_stage;
+} Interp;
+
+/* ---- per-type arithmetic -------------------------------------------------- */
+
+static float as_f32(V v, Type t) {
+  switch (t) {
+  case TY_F32: return v.f;
+  case TY_BF16: return optc_bf16_to_f32(v.h);
+  case TY_F16: return optc_f16_to_f32(v.h);
+  case TY_F64: return (float)v.d;
+  default: return (float)v.i;
+  }
+}
+
+static double as_f64(V v, Type t) {
+  switch (t) {
+  case TY_F64: return v.d;
+  case TY_F32: case TY_BF16: case TY_F16: return (double)as_f32(v, t);
+  default: return (double)v.i;
+  }
+}
+
+static V from_f32(float f, Type t) {
+  V v = {0};
+  switch (t) {
+  case TY_F32: v.f = f; break;
+  case TY_BF16: v.h = optc_f32_to_bf16(f); break;
+  case TY_F16: v.h = optc_f32_to_f16(f); break;
+  default: unreachable();
+  }
+  return v;
+}
+
+/* Float to integer: toward zero, NaN to 0, saturating at the type's range. */
+static int64_t to_int(double d, Type t) {
+  double lo = t == TY_I32 ? -2147483648.0 : -9223372036854775808.0;
+  double hi = t == TY_I32 ? 2147483647.0 : 9223372036854775807.0;
+  if (isnan(d))
+    return 0;
+  if (d <= lo)
+    return (int64_t)lo;
+  if (d >= hi)
+    return t == TY_I32 ? 2147483647 : INT64_MAX;
+  return (int64_t)d;
+}
+
+static V convert(V a, Type from, Type to) {
+  V v = {0};
+  if (from == to)
+    return a;
+  if (type_is_float(from) && type_is_float(to)) {
+    if (to == TY_F64)
+      v.d = as_f64(a, from);
+    else if (from == TY_F64)
+      v = from_f32((float)a.d, to); /* f64 -> 16-bit rounds through f32 */
+    else
+      v = from_f32(as_f32(a, from), to);
+    return v;
+  }
+  if (type_is_float(from)) {
+    v.i = to_int(as_f64(a, from), to);
+    return v;
+  }
+  int64_t i = from == TY_I32 ? (int32_t)a.i : a.i;
+  if (to == TY_F64)
+    v.d = (double)i;
+  else if (type_is_float(to))
+    v = from_f32((float)i, to);
+  else
+    v.i = to == TY_I32 ? (int32_t)i : i;
+  return v;
+}
+
+/* torch.lerp: a + w*(b-a) when |w| < 0.5, else b - (b-a)*(1-w). */
+static float lerpf(float a, float b, float w) { return fabsf(w) < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w); }
+static double lerpd(double a, double b, double w) { return fabs(w) < 0.5 ? a + w * (b - a) : b - (b - a) * (1.0 - w); }
+
+/* torch.maximum / torch.minimum: NaN-propagating, else std::max / std::min. */
+static float maxf_(float a, float b) { return a != a ? a : b != b ? b : (a < b ? b : a); }
+static float minf_(float a, float b) { return a != a ? a : b != b ? b : (b < a ? b : a); }
+static double maxd_(double a, double b) { return a != a ? a : b != b ? b : (a < b ? b : a); }
+static double mind_(double a, double b) { return a != a ? a : b != b ? b : (b < a ? b : a); }
+
+static float arith_f(Op op, float a, float b, float c) {
+  switch (op) {
+  case OP_ADD: return a + b;
+  case OP_SUB: return a - b;
+  case OP_MUL: return a * b;
+  case OP_DIV: return a / b;
+  case OP_MIN: return minf_(a, b);
+  case OP_MAX: return maxf_(a, b);
+  case OP_POW: return powf(a, b);
+  case OP_NEG: return -a;
+  case OP_ABS: return fabsf(a);
+  case OP_SQRT: return sqrtf(a);
+  case OP_SIGN: return (float)((0.0f < a) - (a < 0.0f));
+  case OP_RSQRT: return 1.0f / sqrtf(a);
+  case OP_EXP: return expf(a);
+  case OP_LOG: return logf(a);
+  case OP_FMA: return fmaf(a, b, c);
+  case OP_LERP: return lerpf(a, b, c);
+  default: unreachable();
+  }
+}
+
+static double arith_d(Op op, double a, double b, double c) {
+  switch (op) {
+  case OP_ADD: return a + b;
+  case OP_SUB: return a - b;
+  case OP_MUL: return a * b;
+  case OP_DIV: return a / b;
+  case OP_MIN: return mind_(a, b);
+  case OP_MAX: return maxd_(a, b);
+  case OP_POW: return pow(a, b);
+  case OP_NEG: return -a;
+  case OP_ABS: return fabs(a);
+  case OP_SQRT: return sqrt(a);
+  case OP_SIGN: return (double)((0.0 < a) - (a < 0.0));
+  case OP_RSQRT: return 1.0 / sqrt(a);
+  case OP_EXP: return exp(a);
+  case OP_LOG: return log(a);
+  case OP_FMA: return fma(a, b, c);
+  case OP_LERP: return lerpd(a, b, c);
+  default: unreachable();
+  }
+}
+
+static bool compare(Op op, double a, double b) {
+  switch (op) {
+  case OP_EQ: return a == b;
+  case OP_NE: return a != b;
+  case OP_LT: return a < b;
+  case OP_LE: return a <= b;
+  case OP_GT: return a > b;
+  case OP_GE: return a >= b;
+  default: unreachable();
+  }
+}
+
+/* The element a value reads: its tensor and index, for loads and for the
+ * stochastic-rounding hash. */
+typedef struct {
+  int tensor;
+  int64_t index; /* within the tensor */
+  int64_t flat;  /* in the flat buffers */
+} Where;
+
+static V load(const Interp *in, const Ins *x, Where w) {
+  const void *p = in->bufs[x->buf];
+  V v = {0};
+  switch ((Type)x->type) {
+  case TY_F64: v.d = ((const double *)p)[w.flat]; break;
+  case TY_F32: v.f = ((const float *)p)[w.flat]; break;
+  case TY_BF16: case TY_F16: v.h = ((const uint16_t *)p)[w.flat]; break;
+  default: unreachable();
+  }
+  return v;
+}
+
+static void store(const Interp *in, const Ins *x, V v, Where w) {
+  void *p = in->bufs[x->buf];
+  switch ((Type)in->g->bufs[x->buf].type) {
+  case TY_F64: ((double *)p)[w.flat] = v.d; break;
+  case TY_F32: ((float *)p)[w.flat] = v.f; break;
+  case TY_BF16: case TY_F16: ((uint16_t *)p)[w.flat] = v.h; break;
+  default: unreachable();
+  }
+}
+
+static V *tensor_val(const Interp *in, int tensor, Ref r) {
+  return &in->tensor[(size_t)tensor * (size_t)in->g->nins + (size_t)r];
+}
+
+/* The value of operand r as seen from an element of `tensor`. */
+static V operand(const Interp *in, Ref r, int tensor) {
+  switch ((Scope)in->g->ins[r].scope) {
+  case SCOPE_STEP: return in->step[r];
+  case SCOPE_TENSOR: return *tensor_val(in, tensor, r);
+  default: return in->elem[r];
+  }
+}
+
+/* Computes instruction i (not a leaf, load, store or reduce). */
+static V eval(const Interp *in, Ref i, Where w) {
+  const Ins *x = &in->g->ins[i];
+  Op op = (Op)x->op;
+  Type t = (Type)x->type;
+  V a[3] = {{0}};
+  Type at[3] = {TY_VOID, TY_VOID, TY_VOID};
+  for (int k = 0; k < op_info[op].nargs; k++) {
+    a[k] = operand(in, x->args[k], w.tensor);
+    at[k] = (Type)in->g->ins[x->args[k]].type;
+  }
+  V v = {0};
+  switch (op_info[op].type_rule) {
+  case TR_ARITH:
+    if (t == TY_F64)
+      v.d = arith_d(op, a[0].d, a[1].d, a[2].d);
+    else
+      v = from_f32(arith_f(op, as_f32(a[0], t), as_f32(a[1], t), as_f32(a[2], t)), t);
+    return v;
+  case TR_CMP:
+    if (type_is_int(at[0]))
+      v.i = compare(op, (double)a[0].i, (double)a[1].i) ? 1 : 0;
+    else
+      v.i = compare(op, as_f64(a[0], at[0]), as_f64(a[1], at[0]));
+    return v;
+  case TR_TEST:
+    v.i = isfinite(as_f64(a[0], at[0])) ? 1 : 0;
+    return v;
+  case TR_LOGIC:
+    v.i = op == OP_AND ? (a[0].i && a[1].i) : op == OP_OR ? (a[0].i || a[1].i) : !a[0].i;
+    return v;
+  case TR_SELECT: return a[0].i ? a[1] : a[2];
+  case TR_CVT: return convert(a[0], at[0], t);
+  case TR_CVTSR: {
+    uint32_t key = optc_sr_key((uint64_t)a[1].i, (uint64_t)a[2].i, (uint32_t)w.tensor);
+    uint32_t bits = optc_sr_bits(key, (uint64_t)w.index);
+    v.h = t == TY_BF16 ? optc_f32_to_bf16_sr(a[0].f, bits) : optc_f32_to_f16_sr(a[0].f, bits);
+    return v;
+  }
+  default: unreachable();
+  }
+}
+
+/* ---- staging ------------------------------------------------------------------ */
+
+static void compute_stages(Interp *in) {
+  const Graph *g = in->g;
+  in->max_stage = 0;
+  for (int i = 0; i < g->nins; i++) {
+    const Ins *x = &g->ins[i];
+    int s = 0;
+    for (int k = 0; k < op_info[x->op].nargs; k++)
+      s = MAX(s, in->stage[x->args[k]]);
+    in->stage[i] = x->op == OP_REDUCE ? s + 1 : s;
+    if (x->op == OP_STORE || x->op == OP_REDUCE)
+      in->max_stage = MAX(in->max_stage, x->op == OP_REDUCE ? s : in->stage[i]);
+  }
+}
+
+/* Tensor-scope values of stage s (reductions excepted), once per tensor. */
+static void eval_tensor_values(Interp *in, int s) {
+  const Graph *g = in->g;
+  for (int t = 0; t < in->l->ntensors; t++)
+    for (int i = 0; i < g->nins; i++) {
+      const Ins *x = &g->ins[i];
+      if (x->scope == SCOPE_TENSOR && in->stage[i] == s && x->op != OP_REDUCE)
+        *tensor_val(in, t, i) = eval(in, i, (Where){.tensor = t});
+    }
+}
+
+/* Step-scope values of stage s (reductions excepted), once per step. */
+static void eval_step_values(Interp *in, int s) {
+  const Graph *g = in->g;
+  for (int i = 0; i < g->nins; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->scope != SCOPE_STEP || in->stage[i] != s || x->op == OP_REDUCE)
+      continue;
+    V v = {0};
+    if (x->op == OP_CONST || x->op == OP_OPTION) {
+      v = type_is_float((Type)x->type) ? convert((V){.d = x->imm}, TY_F64, (Type)x->type) : (V){.i = (int64_t)x->imm};
+    } else if (x->op == OP_INPUT) {
+      double d = in->inputs ? in->inputs[i] : x->imm;
+      v = type_is_float((Type)x->type) ? convert((V){.d = d}, TY_F64, (Type)x->type) : (V){.i = (int64_t)d};
+    } else {
+      v = eval(in, i, (Where){0});
+    }
+    in->step[i] = v;
+  }
+}
+
+static double red_term(RedKind k, double x) {
+  switch (k) {
+  case RED_SUM: return x;
+  case RED_SUMSQ: return x * x;
+  case RED_MAX: return x;
+  case RED_ABSMAX: return fabs(x);
+  default: unreachable();
+  }
+}
+
+static double red_combine(RedKind k, double acc, double x) {
+  return k == RED_SUM || k == RED_SUMSQ ? acc + x : maxd_(acc, x);
+}
+
+static double red_init(RedKind k) { return k == RED_SUM || k == RED_SUMSQ ? 0.0 : -INFINITY; }
+
+/* One sweep over every element, evaluating stage <= s; with `final`, the
+ * stores happen. Accumulates reduction `r` (if not NOREF) per chunk. */
+static void sweep(Interp *in, int s, Ref r, bool final) {
+  const Graph *g = in->g;
+  const GroupLayout *l = in->l;
+  for (int64_t c = 0; c < l->nchunks; c++) {
+    const Chunk *ch = &l->chunks[c];
+    RedKind rk = r != NOREF ? (RedKind)g->ins[r].red : RED_SUM;
+    double acc = red_init(rk);
+    for (int64_t e = 0; e < ch->len; e++) {
+      Where w = {ch->tensor, ch->start + e, ch->flat + e};
+      for (int i = 0; i < g->nins; i++) {
+        const Ins *x = &g->ins[i];
+        if (x->scope != SCOPE_ELEM || in->stage[i] > s)
+          continue;
+        if (x->op == OP_LOAD)
+          in->elem[i] = load(in, x, w);
+        else if (x->op == OP_STORE) {
+          if (final)
+            store(in, x, operand(in, x->args[0], w.tensor), w);
+        } else
+          in->elem[i] = eval(in, i, w);
+      }
+      if (r != NOREF) {
+        Ref a = g->ins[r].args[0];
+        double v = as_f64(operand(in, a, w.tensor), (Type)g->ins[a].type);
+        acc = red_combine(rk, acc, red_term(rk, v));
+      }
+    }
+    if (r != NOREF)
+      in->part[c] = acc;
+  }
+}
+
+/* Folds the chunk partials of reduction r, in chunk order; a reduction of
+ * tensor-scope values folds them in tensor order. */
+static void fold(Interp *in, Ref r) {
+  const Graph *g = in->g;
+  const GroupLayout *l = in->l;
+  RedKind k = (RedKind)g->ins[r].red;
+  Ref a = g->ins[r].args[0];
+  if (g->ins[a].scope == SCOPE_TENSOR) {
+    double acc = red_init(k);
+    for (int t = 0; t < l->ntensors; t++)
+      acc = red_combine(k, acc, red_term(k, as_f64(*tensor_val(in, t, a), (Type)g->ins[a].type)));
+    in->step[r].d = acc;
+    return;
+  }
+  if (g->ins[r].to == SCOPE_STEP) {
+    double acc = red_init(k);
+    for (int64_t c = 0; c < l->nchunks; c++)
+      acc = red_combine(k, acc, in->part[c]);
+    in->step[r].d = acc;
+    return;
+  }
+  for (int t = 0; t < l->ntensors; t++)
+    tensor_val(in, t, r)->d = red_init(k);
+  for (int64_t c = 0; c < l->nchunks; c++) {
+    V *v = tensor_val(in, l->chunks[c].tensor, r);
+    v->d = red_combine(k, v->d, in->part[c]);
+  }
+}
+
+static bool grads_finite(const Interp *in) {
+  const Graph *g = in->g;
+  const GroupLayout *l = in->l;
+  for (int b = 0; b < g->nbufs; b++) {
+    if (g->bufs[b].kind != BUF_GRAD)
+      continue;
+    Type t = (Type)g->bufs[b].type;
+    for (int64_t c = 0; c < l->nchunks; c++)
+      for (int64_t e = 0; e < l->chunks[c].len; e++) {
+        int64_t f = l->chunks[c].flat + e;
+        V v = {0};
+        if (t == TY_F64)
+          v.d = ((const double *)in->bufs[b])[f];
+        else if (t == TY_F32)
+          v.f = ((const float *)in->bufs[b])[f];
+        else
+          v.h = ((const uint16_t *)in->bufs[b])[f];
+        if (!isfinite(as_f64(v, t)))
+          return false;
+      }
+  }
+  return true;
+}
+
+int interp_step(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args,
+                StepResult *res) {
+  if (g->nbufs > 0 && !bufs) {
+    error("interpreter: no buffers");
+    return -1;
+  }
+  for (int i = 0; i < g->nins; i++)
+    if (g->ins[i].op == OP_OPTION) {
+      error("interpreter: option '%%%s' is unresolved; build the graph from a recipe", g->ins[i].name);
+      return -1;
+    }
+  Interp in = {.g = g, .l = l, .bufs = bufs, .inputs = args ? args->inputs : NULL};
+  size_t n = (size_t)g->nins + 1;
+  in.stage = calloc(n, sizeof(int));
+  in.step = calloc(n, sizeof(V));
+  in.elem = calloc(n, sizeof(V));
+  in.tensor = calloc(n * (size_t)(l->ntensors + 1), sizeof(V));
+  in.part = calloc((size_t)l->nchunks + 1, sizeof(double));
+  ASSERT(in.stage && in.step && in.elem && in.tensor && in.part);
+  memset(res, 0, sizeof *res);
+  compute_stages(&in);
+
+  bool ok = !args || args->grads_finite != 0;
+  if (ok && (!args || args->grads_finite < 0))
+    ok = grads_finite(&in);
+  for (int s = 0; ok && s <= in.max_stage; s++) {
+    eval_step_values(&in, s);
+    eval_tensor_values(&in, s);
+    /* Reductions over stage-s values, each in its own sweep: they become
+     * stage s+1 values. */
+    for (int r = 0; r < g->nins; r++) {
+      if (g->ins[r].op != OP_REDUCE || in.stage[r] != s + 1)
+        continue;
+      if (g->ins[g->ins[r].args[0]].scope == SCOPE_ELEM)
+        sweep(&in, s, r, false);
+      fold(&in, r);
+      if (g->ins[r].to == SCOPE_STEP) {
+        if (res->nred < (int)ARRAY_LEN(res->red))
+          res->red[res->nred++] = in.step[r].d;
+        if (!isfinite(in.step[r].d) && l->nchunks > 0)
+          ok = false;
+      }
+    }
+  }
+  if (ok)
+    sweep(&in, in.max_stage, NOREF, true);
+  res->skipped = !ok;
+  free(in.stage);
+  free(in.step);
+  free(in.elem);
+  free(in.tensor);
+  free(in.part);
+  return 0;
+}

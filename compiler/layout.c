@@ -1,0 +1,61 @@
+/* layout.c: a group's flat layout and its chunk table. */
+#include "plan.h"
+
+#include <string.h>
+
+static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+void layout_init(GroupLayout *l, int n, const int64_t *numel) {
+  memset(l, 0, sizeof *l);
+  l->ntensors = n;
+  l->numel = malloc(sizeof(int64_t) * (size_t)(n + 1));
+  l->offset = malloc(sizeof(int64_t) * (size_t)(n + 1));
+  ASSERT(l->numel && l->offset);
+  int64_t at = 0;
+  for (int t = 0; t < n; t++) {
+    at = align_up(at, OPTC_TENSOR_ALIGN);
+    l->numel[t] = numel[t];
+    l->offset[t] = at;
+    at += numel[t];
+  }
+  l->total = at;
+  layout_restrict(l, 0, at);
+}
+
+void layout_restrict(GroupLayout *l, int64_t lo, int64_t hi) {
+  ASSERT(lo % OPTC_REDUCE_BLOCK == 0 && lo <= hi);
+  free(l->chunks);
+  l->lo = lo;
+  l->hi = hi;
+  /* Count first, then fill: a tensor contributes one chunk per block it
+   * touches inside [lo, hi). */
+  int64_t count = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    int64_t k = 0;
+    for (int t = 0; t < l->ntensors; t++) {
+      int64_t a = MAX(l->offset[t], lo), e = MIN(l->offset[t] + l->numel[t], hi);
+      while (a < e) {
+        int64_t block_end = (a / OPTC_REDUCE_BLOCK + 1) * OPTC_REDUCE_BLOCK;
+        int64_t b = MIN(e, block_end);
+        if (pass == 1)
+          l->chunks[k] = (Chunk){.tensor = t, .block = (int32_t)(a / OPTC_REDUCE_BLOCK),
+                                 .start = a - l->offset[t], .len = b - a, .flat = a};
+        k++;
+        a = b;
+      }
+    }
+    if (pass == 0) {
+      count = k;
+      l->chunks = malloc(sizeof(Chunk) * (size_t)(count + 1));
+      ASSERT(l->chunks);
+    }
+  }
+  l->nchunks = count;
+}
+
+void layout_free(GroupLayout *l) {
+  free(l->numel);
+  free(l->offset);
+  free(l->chunks);
+  memset(l, 0, sizeof *l);
+}

@@ -1,0 +1,427 @@
+/* group.c: parameter groups in flat buffers, read from and written to
+ * tensor files with torch's state_dict names, and the values of their
+ * step inputs. */
+#include "rt.h"
+
+#include <math.h>
+#include <string.h>
+
+const char *const backend_names[NUM_BACKENDS] = {"interp", "eager", "cpu", "cuda"};
+
+bool backend_from_name(const char *s, Backend *out) {
+  for (int i = 0; i < NUM_BACKENDS; i++)
+    if (strcmp(backend_names[i], s) == 0)
+      return *out = (Backend)i, true;
+  return false;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* A 64-byte aligned, zeroed buffer for n elements of type t. */
+static void *flat_alloc(int64_t n, Type t) {
+  size_t bytes = ((size_t)n * (size_t)type_size(t) + 63) / 64 * 64;
+  void *p = aligned_alloc(64, bytes ? bytes : 64);
+  if (p)
+    memset(p, 0, bytes ? bytes : 64);
+  return p;
+}
+
+static char *joined(const char *a, const char *b) {
+  size_t n = strlen(a) + strlen(b) + 2;
+  char *s = malloc(n);
+  ASSERT(s);
+  snprintf(s, n, "%s.%s", a, b);
+  return s;
+}
+
+static bool same_shape(const Tensor *a, const Tensor *b) {
+  if (a->ndim != b->ndim)
+    return false;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->shape[i] != b->shape[i])
+      return false;
+  return true;
+}
+
+static void shape_str(char *out, size_t n, const Tensor *t) {
+  size_t k = (size_t)snprintf(out, n, "[");
+  for (int i = 0; i < t->ndim && k < n; i++)
+    k += (size_t)snprintf(out + k, n - k, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+  if (k < n)
+    snprintf(out + k, n - k, "]");
+}
+
+/* Converts n elements between float types, through the same rounding the
+ * interpreter uses. */
+static void convert_elems(void *dst, Type dt, const void *src, Type st, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    double v;
+    switch (st) {
+    case TY_F64: v = ((const double *)src)[i]; break;
+    case TY_F32: v = ((const float *)src)[i]; break;
+    case TY_BF16: v = optc_bf16_to_f32(((const uint16_t *)src)[i]); break;
+    case TY_F16: v = optc_f16_to_f32(((const uint16_t *)src)[i]); break;
+    default: unreachable();
+    }
+    switch (dt) {
+    case TY_F64: ((double *)dst)[i] = v; break;
+    case TY_F32: ((float *)dst)[i] = (float)v; break;
+    case TY_BF16: ((uint16_t *)dst)[i] = optc_f32_to_bf16((float)v); break;
+    case TY_F16: ((uint16_t *)dst)[i] = optc_f32_to_f16((float)v); break;
+    default: unreachable();
+    }
+  }
+}
+
+static void fill_const(void *dst, Type t, double v, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    convert_elems((char *)dst + i * type_size(t), t, &v, TY_F64, 1);
+}
+
+static bool all_finite(const void *p, Type t, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    double v;
+    convert_elems(&v, TY_F64, (const char *)p + i * type_size(t), t, 1);
+    if (!isfinite(v))
+      return false;
+  }
+  return true;
+}
+
+/* The step count stored as a one-element tensor (torch keeps an f32). */
+static bool read_scalar(const Tensor *t, double *out) {
+  if (t->numel != 1 || !type_is_float(t->dtype)) {
+    if (t->numel == 1 && type_is_int(t->dtype)) {
+      *out = t->dtype == TY_I64 ? (double)*(const int64_t *)t->data : (double)*(const int32_t *)t->data;
+      return true;
+    }
+    return false;
+  }
+  convert_elems(out, TY_F64, t->data, t->dtype, 1);
+  return true;
+}
+
+int group_from_file(ParamGroup *pg, const Graph *g, const TensorFile *tf, const double *inputs,
+                    int *grads_finite) {
+  memset(pg, 0, sizeof *pg);
+  pg->g = g;
+  int bp = -1, bg = -1;
+  for (int b = 0; b < g->nbufs; b++) {
+    if (g->bufs[b].kind == BUF_PARAM)
+      bp = b;
+    if (g->bufs[b].kind == BUF_GRAD)
+      bg = b;
+  }
+  if (bp < 0 || bg < 0) {
+    error("the step graph needs a param and a grad buffer");
+    return -1;
+  }
+  /* Params are the tensors with a NAME.grad; a grad without its param is a mistake. */
+  const Tensor **params = calloc((size_t)tf->n + 1, sizeof(Tensor *));
+  const Tensor **grads = calloc((size_t)tf->n + 1, sizeof(Tensor *));
+  ASSERT(params && grads);
+  int n = 0, rc = -1;
+  for (int i = 0; i < tf->n; i++) {
+    const Tensor *t = &tf->tensors[i];
+    if (ends_with(t->name, ".grad")) {
+      char *base = strndup(t->name, strlen(t->name) - 5);
+      bool has = tf_find(tf, base) != NULL;
+      if (!has)
+        error("gradient '%s' has no parameter '%s'", t->name, base);
+      free(base);
+      if (!has)
+        goto out;
+      continue;
+    }
+    char *gname = joined(t->name, "grad");
+    const Tensor *gt = tf_find(tf, gname);
+    free(gname);
+    if (!gt)
+      continue;
+    params[n] = t;
+    grads[n++] = gt;
+  }
+  if (n == 0) {
+    error("no parameters: the file needs NAME and NAME.grad for each parameter");
+    goto out;
+  }
+  pg->ntensors = n;
+  pg->names = calloc((size_t)n, sizeof(char *));
+  pg->shapes = calloc((size_t)n, sizeof(Tensor));
+  int64_t *numel = calloc((size_t)n, sizeof(int64_t));
+  ASSERT(pg->names && pg->shapes && numel);
+  for (int i = 0; i < n; i++) {
+    const Tensor *p = params[i], *gr = grads[i];
+    char sp[128], sg[128];
+    if (p->dtype != g->bufs[bp].type) {
+      error("param '%s' is %s, but the step graph's params are %s (the recipe's dtype)", p->name,
+            st_dtype_name(p->dtype), type_names[g->bufs[bp].type]);
+      free(numel);
+      goto out;
+    }
+    if (gr->dtype != g->bufs[bg].type) {
+      error("grad '%s' is %s, but the step graph's grads are %s", gr->name, st_dtype_name(gr->dtype),
+            type_names[g->bufs[bg].type]);
+      free(numel);
+      goto out;
+    }
+    if (!same_shape(p, gr)) {
+      shape_str(sp, sizeof sp, p);
+      shape_str(sg, sizeof sg, gr);
+      error("grad '%s' has shape %s, but its param has %s", gr->name, sg, sp);
+      free(numel);
+      goto out;
+    }
+    pg->names[i] = strdup(p->name);
+    pg->shapes[i] = *p;
+    pg->shapes[i].name = pg->names[i];
+    pg->shapes[i].data = NULL;
+    numel[i] = p->numel;
+  }
+  layout_init(&pg->layout, n, numel);
+  free(numel);
+  pg->bufs = calloc((size_t)g->nbufs + 1, sizeof(void *));
+  ASSERT(pg->bufs);
+  for (int b = 0; b < g->nbufs; b++) {
+    pg->bufs[b] = flat_alloc(pg->layout.total, (Type)g->bufs[b].type);
+    if (!pg->bufs[b]) {
+      error("out of memory for buffer '@%s' (%lld elements)", g->bufs[b].name, (long long)pg->layout.total);
+      goto out;
+    }
+  }
+  bool finite = true, any_state = false;
+  for (int i = 0; i < n; i++) {
+    int64_t off = pg->layout.offset[i];
+    size_t pes = (size_t)type_size(g->bufs[bp].type);
+    memcpy((char *)pg->bufs[bp] + (size_t)off * pes, params[i]->data, (size_t)params[i]->numel * pes);
+    memcpy((char *)pg->bufs[bg] + (size_t)off * pes, grads[i]->data, (size_t)grads[i]->numel * (size_t)type_size(g->bufs[bg].type));
+    /* The copy already reads every grad: the finite check rides on it. */
+    finite = finite && all_finite(grads[i]->data, grads[i]->dtype, grads[i]->numel);
+    for (int b = 0; b < g->nbufs; b++) {
+      const Buffer *buf = &g->bufs[b];
+      if (buf->kind != BUF_STATE)
+        continue;
+      Type t = (Type)buf->type;
+      void *dst = (char *)pg->bufs[b] + (size_t)off * (size_t)type_size(t);
+      char *sname = joined(params[i]->name, buf->name);
+      const Tensor *st = tf_find(tf, sname);
+      if (st) {
+        bool ok = st->dtype == t && same_shape(st, params[i]);
+        if (!ok) {
+          char ss[128], sp[128];
+          shape_str(ss, sizeof ss, st);
+          shape_str(sp, sizeof sp, params[i]);
+          error("state '%s' is %s %s, but the step graph keeps it as %s %s", sname, st_dtype_name(st->dtype), ss,
+                type_names[t], sp);
+          free(sname);
+          goto out;
+        }
+        memcpy(dst, st->data, (size_t)st->numel * (size_t)type_size(t));
+        any_state = true;
+      } else if (buf->init == INIT_PARAM) {
+        convert_elems(dst, t, params[i]->data, params[i]->dtype, params[i]->numel);
+      } else if (buf->init == INIT_INPUT) {
+        Ref r = graph_find_input(g, buf->init_input);
+        fill_const(dst, t, inputs && r != NOREF ? inputs[r] : g->ins[r].imm, params[i]->numel);
+      } else {
+        fill_const(dst, t, buf->init_value, params[i]->numel);
+      }
+      free(sname);
+    }
+  }
+  /* The step count: NAME.step for each param (torch's), or one `step`. */
+  const Tensor *gstep = tf_find(tf, "step");
+  for (int i = 0; i < n; i++) {
+    char *sname = joined(params[i]->name, "step");
+    const Tensor *st = tf_find(tf, sname);
+    double v;
+    if (!st && gstep)
+      st = gstep;
+    if (st) {
+      if (!read_scalar(st, &v) || v < 0 || v != floor(v)) {
+        error("'%s' must hold one non-negative whole number", st->name);
+        free(sname);
+        goto out;
+      }
+      if (pg->have_step && v != pg->step) {
+        error("params have different step counts ('%s' is %g, others %g); optc steps a group together", st->name,
+              v, pg->step);
+        free(sname);
+        goto out;
+      }
+      pg->step = v;
+      pg->have_step = true;
+    }
+    free(sname);
+  }
+  /* torch keeps no step for SGD: saved state means at least one step ran. */
+  if (!pg->have_step && any_state)
+    pg->step = 1;
+  *grads_finite = finite ? 1 : 0;
+  rc = 0;
+out:
+  free(params);
+  free(grads);
+  if (rc != 0)
+    group_free(pg);
+  return rc;
+}
+
+static bool is_group_tensor(const ParamGroup *pg, const char *name) {
+  if (strcmp(name, "step") == 0)
+    return true;
+  for (int i = 0; i < pg->ntensors; i++) {
+    const char *p = pg->names[i];
+    size_t n = strlen(p);
+    if (strcmp(name, p) == 0)
+      return true;
+    if (strncmp(name, p, n) != 0 || name[n] != '.')
+      continue;
+    const char *suffix = name + n + 1;
+    if (strcmp(suffix, "step") == 0)
+      return true;
+    for (int b = 0; b < pg->g->nbufs; b++)
+      if (pg->g->bufs[b].kind == BUF_STATE && strcmp(suffix, pg->g->bufs[b].name) == 0)
+        return true;
+  }
+  return false;
+}
+
+int group_to_file(const ParamGroup *pg, const TensorFile *in, TensorFile *out) {
+  const Graph *g = pg->g;
+  for (int i = 0; i < pg->ntensors; i++) {
+    const Tensor *shape = &pg->shapes[i];
+    for (int b = 0; b < g->nbufs; b++) {
+      const Buffer *buf = &g->bufs[b];
+      if (buf->kind == BUF_GRAD)
+        continue;
+      char *name = buf->kind == BUF_PARAM ? strdup(pg->names[i]) : joined(pg->names[i], buf->name);
+      Tensor *t = tf_add(out, name, (Type)buf->type, shape->ndim, shape->shape);
+      free(name);
+      if (!t)
+        return -1;
+      size_t es = (size_t)type_size(buf->type);
+      memcpy(t->data, (char *)pg->bufs[b] + (size_t)pg->layout.offset[i] * es, (size_t)t->numel * es);
+    }
+    char *sname = joined(pg->names[i], "step");
+    Tensor *st = tf_add(out, sname, TY_F32, 0, NULL);
+    free(sname);
+    if (!st)
+      return -1;
+    *(float *)st->data = (float)pg->step;
+  }
+  /* Everything else passes through, grads included, so that the output can
+   * be the input of the next run. */
+  for (int i = 0; in && i < in->n; i++) {
+    const Tensor *t = &in->tensors[i];
+    if (is_group_tensor(pg, t->name))
+      continue;
+    Tensor *c = tf_add(out, t->name, t->dtype, t->ndim, t->shape);
+    if (!c)
+      return -1;
+    memcpy(c->data, t->data, (size_t)t->numel * (size_t)type_size(t->dtype));
+  }
+  return 0;
+}
+
+void group_free(ParamGroup *pg) {
+  if (pg->bufs)
+    for (int b = 0; b < pg->g->nbufs; b++)
+      free(pg->bufs[b]);
+  free(pg->bufs);
+  for (int i = 0; pg->names && i < pg->ntensors; i++)
+    free(pg->names[i]);
+  free(pg->names);
+  free(pg->shapes);
+  layout_free(&pg->layout);
+  memset(pg, 0, sizeof *pg);
+}
+
+int group_step(ParamGroup *pg, Backend b, const StepArgs *args, StepResult *res) {
+  switch (b) {
+  case BACKEND_INTERP: return interp_step(pg->g, &pg->layout, pg->bufs, args, res);
+  default:
+    error("backend '%s' is not available in this build", backend_names[b]);
+    return -1;
+  }
+}
+
+/* ---- inputs ------------------------------------------------------------------- */
+
+static bool in_range(const Range *r, double v) {
+  if (!r->set)
+    return !isnan(v);
+  return (r->lo_open ? v > r->lo : v >= r->lo) && (r->hi_open ? v < r->hi : v <= r->hi);
+}
+
+int inputs_resolve(const Graph *g, const Binding *sets, int nsets, const Binding *provided,
+                   int nprovided, double *vals) {
+  for (int k = 0; k < nsets; k++) {
+    Ref r = graph_find_input(g, sets[k].name);
+    if (r == NOREF || g->ins[r].op != OP_INPUT) {
+      Buf names = {0};
+      for (int i = 0; i < g->nins; i++)
+        if (g->ins[i].op == OP_INPUT)
+          buf_printf(&names, "%s%s", names.len ? ", " : "", g->ins[i].name);
+      error("--set %s: the step graph has no input '%s'; its inputs are: %s", sets[k].name, sets[k].name,
+            names.data ? names.data : "(none)");
+      buf_free(&names);
+      return -1;
+    }
+  }
+  for (int i = 0; i < g->nins; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->op != OP_INPUT)
+      continue;
+    bool found = false;
+    for (int k = 0; k < nprovided && !found; k++)
+      if (strcmp(provided[k].name, x->name) == 0)
+        vals[i] = provided[k].value, found = true;
+    for (int k = nsets - 1; k >= 0 && !found; k--)
+      if (strcmp(sets[k].name, x->name) == 0) {
+        vals[i] = sets[k].value, found = true;
+        if (!in_range(&x->range, vals[i])) {
+          char lo[40], hi[40];
+          fmt_double(lo, x->range.lo, false);
+          fmt_double(hi, x->range.hi, false);
+          error("--set %s=%g is out of range %c%s, %s%c", x->name, vals[i], x->range.lo_open ? '(' : '[', lo, hi,
+                x->range.hi_open ? ')' : ']');
+          return -1;
+        }
+      }
+    if (!found && x->has_imm)
+      vals[i] = x->imm, found = true;
+    if (!found) {
+      error("input '%s' has no value; give one with --set %s=VALUE", x->name, x->name);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+bool parse_set(const char *s, Binding *out) {
+  const char *eq = strchr(s, '=');
+  if (!eq || eq == s) {
+    error("--set expects NAME=VALUE, not '%s'", s);
+    return false;
+  }
+  const char *v = eq + 1;
+  char *end;
+  double d;
+  if (!strcmp(v, "true") || !strcmp(v, "True"))
+    d = 1, end = (char *)v + strlen(v);
+  else if (!strcmp(v, "false") || !strcmp(v, "False"))
+    d = 0, end = (char *)v + strlen(v);
+  else
+    d = strtod(v, &end);
+  if (end == v || *end) {
+    error("--set %s: '%s' is not a number", s, v);
+    return false;
+  }
+  out->name = strndup(s, (size_t)(eq - s));
+  out->value = d;
+  return true;
+}
