@@ -960,10 +960,12 @@ Graph *frontend_build(Recipe *r) {
     g->bufs[b.master].init = INIT_PARAM;
   }
   Ref grad = build_prelude(&b);
-  if (r->write_back_grads) {
-    ir_store(g, b.grad, r->grad_dtype == TY_F32 ? grad : ir_cvt(g, grad, r->grad_dtype));
-    g->ins[g->nins - 1].lead = arena_strdup(g->arena, "# write_back_grads: keep the scaled grads\n");
-  }
+  /* torch leaves the scaled (and clipped) grads in p.grad. The graph says
+   * so; the drop-grad-writeback pass removes the store unless the recipe
+   * keeps them (write_back_grads), since nobody reads them. */
+  ir_store(g, b.grad, r->grad_dtype == TY_F32 ? grad : ir_cvt(g, grad, r->grad_dtype));
+  g->ins[g->nins - 1].lead = arena_strdup(g->arena, "# p.grad holds the scaled grads afterwards, as in torch\n");
+  g->bufs[b.grad].writeback = r->write_back_grads;
   if (!copy_body(&b, optir_specialize(r->body, r->bindings, r->nbindings, r->arena), grad))
     return NULL;
   pass_dce(g);

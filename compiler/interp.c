@@ -466,3 +466,34 @@ int interp_step(const Graph *g, const GroupLayout *l, void *const *bufs, const S
   free(in.part);
   return 0;
 }
+
+/* ---- constant folding, with the interpreter's own arithmetic ------------------ */
+
+static V imm_value(const Ins *x) {
+  if (type_is_float((Type)x->type))
+    return convert((V){.d = x->imm}, TY_F64, (Type)x->type);
+  return (V){.i = (int64_t)x->imm};
+}
+
+bool interp_fold(const Graph *g, Ref i, double *out) {
+  const Ins *x = &g->ins[i];
+  const OpInfo *info = &op_info[x->op];
+  if (!(info->flags & F_FOLD))
+    return false;
+  for (int k = 0; k < info->nargs; k++)
+    if (g->ins[x->args[k]].op != OP_CONST)
+      return false;
+  V step[3];
+  Interp in = {.g = g};
+  /* eval() reads step-scope operands from in.step, indexed by ref: give it
+   * a window holding just the operands. */
+  V *vals = calloc((size_t)g->nins + 1, sizeof(V));
+  ASSERT(vals);
+  for (int k = 0; k < info->nargs; k++)
+    vals[x->args[k]] = step[k] = imm_value(&g->ins[x->args[k]]);
+  in.step = vals;
+  V v = eval(&in, i, (Where){0});
+  free(vals);
+  *out = type_is_float((Type)x->type) ? as_f64(v, (Type)x->type) : (double)v.i;
+  return true;
+}

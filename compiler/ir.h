@@ -63,6 +63,7 @@ typedef struct {
   InitKind init;
   double init_value;      /* INIT_CONST */
   const char *init_input; /* INIT_INPUT: name of an input whose value is used */
+  bool writeback;         /* grad: its stores are results (else nobody reads them) */
   const char *lead;       /* comment and blank lines before the line, verbatim */
   const char *trail;      /* a comment after the line, verbatim */
   SrcPos pos;

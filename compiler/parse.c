@@ -205,7 +205,7 @@ static bool parse_type(Parser *ps, Type *out) {
   return true;
 }
 
-/* buffer = ("param" | "grad" | "state") "@" name ":" type [ "=" init ] ;
+/* buffer = ("param" | "grad" | "state") "@" name ":" type [ "=" init ] [ "writeback" ] ;
  * init   = number | "param" | "%" input ; */
 static bool parse_buffer(Parser *ps, BufKind kind, const char *lead) {
   size_t off = ps->tok.off;
@@ -271,6 +271,14 @@ static bool parse_buffer(Parser *ps, BufKind kind, const char *lead) {
     perr(ps, ps->tok.off, "state buffer '@%s' needs an initial value ('= 0.0', '= param' or '= %%input')",
          name);
     return false;
+  }
+  if (tok_is(ps, "writeback")) {
+    if (kind != BUF_GRAD) {
+      perr(ps, ps->tok.off, "only the grad buffer takes 'writeback' (params and states are always stored)");
+      return false;
+    }
+    buf->writeback = true;
+    next(ps);
   }
   return true;
 }

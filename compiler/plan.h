@@ -58,3 +58,6 @@ typedef struct {
  * error printed. */
 int interp_step(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args,
                 StepResult *res);
+/* Folds instruction i when its operands are all constants, computing
+ * exactly as a step would; false when it cannot. */
+bool interp_fold(const Graph *g, Ref i, double *out);

@@ -1,7 +1,7 @@
 /* print.c: the textual form of a step graph.
  *
  *   file    = { buffer } { label | insn } ;
- *   buffer  = ("param" | "grad" | "state") "@" name ":" type [ "=" init ] ;
+ *   buffer  = ("param" | "grad" | "state") "@" name ":" type [ "=" init ] [ "writeback" ] ;
  *   label   = "^step" N ":" | "^phase" N ":" ;            (after partition)
  *   insn    = [ "%" name "=" ] op operands [ ":" type ] ;
  *
@@ -59,6 +59,8 @@ static void print_buffer(const Graph *g, const Buffer *b, Buf *out) {
     }
   }
   (void)g;
+  if (b->writeback)
+    buf_puts(out, " writeback");
   if (b->trail)
     buf_puts(out, b->trail);
   buf_putc(out, '\n');
