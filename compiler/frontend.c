@@ -771,7 +771,7 @@ static Ref build_prelude(Builder *b) {
   Ref tiny = named(b, ir_const(g, TY_F64, 1e-6), "clip_eps", NULL);
   Ref den = ir_op2(g, OP_ADD, total, tiny);
   Ref ratio = ir_op2(g, OP_DIV, mn, den);
-  Ref one = named(b, ir_const(g, TY_F64, 1.0), "clip_one", NULL);
+  Ref one = named(b, ir_const(g, TY_F64, 1.0), "one", NULL);
   Ref coef = named(b, ir_op2(g, OP_MIN, ratio, one), "clip_coef", NULL);
   Ref coef32 = ir_cvt(g, coef, TY_F32);
   Ref gc = ir_op2(g, OP_MUL, gs, coef32);

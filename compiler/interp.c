@@ -19,12 +19,7 @@
 #include <math.h>
 #include <string.h>
 
-typedef union {
-  double d;   /* f64 */
-  float f;    /* f32 */
-  uint16_t h; /* bf16, f16: bits */
-  int64_t i;  /* i32, i64, bool */
-} V;
+typedef Scalar V;
 
 typedef struct {
   const Graph *g;
@@ -219,17 +214,8 @@ static V operand(const Interp *in, Ref r, int tensor) {
   }
 }
 
-/* Computes instruction i (not a leaf, load, store or reduce). */
-static V eval(const Interp *in, Ref i, Where w) {
-  const Ins *x = &in->g->ins[i];
-  Op op = (Op)x->op;
-  Type t = (Type)x->type;
-  V a[3] = {{0}};
-  Type at[3] = {TY_VOID, TY_VOID, TY_VOID};
-  for (int k = 0; k < op_info[op].nargs; k++) {
-    a[k] = operand(in, x->args[k], w.tensor);
-    at[k] = (Type)in->g->ins[x->args[k]].type;
-  }
+/* Computes op on operand values a of types at, giving type t. */
+static V eval_op(Op op, Type t, const V *a, const Type *at, Where w) {
   V v = {0};
   switch (op_info[op].type_rule) {
   case TR_ARITH:
@@ -261,6 +247,32 @@ static V eval(const Interp *in, Ref i, Where w) {
   default: unreachable();
   }
 }
+
+/* Computes instruction i (not a leaf, load, store or reduce). */
+static V eval(const Interp *in, Ref i, Where w) {
+  const Ins *x = &in->g->ins[i];
+  V a[3] = {{0}};
+  Type at[3] = {TY_VOID, TY_VOID, TY_VOID};
+  for (int k = 0; k < op_info[x->op].nargs; k++) {
+    a[k] = operand(in, x->args[k], w.tensor);
+    at[k] = (Type)in->g->ins[x->args[k]].type;
+  }
+  return eval_op((Op)x->op, (Type)x->type, a, at, w);
+}
+
+Scalar interp_apply(const Graph *g, Ref i, const Scalar *args, int tensor, int64_t index) {
+  const Ins *x = &g->ins[i];
+  Type at[3] = {TY_VOID, TY_VOID, TY_VOID};
+  for (int k = 0; k < op_info[x->op].nargs; k++)
+    at[k] = (Type)g->ins[x->args[k]].type;
+  return eval_op((Op)x->op, (Type)x->type, args, at, (Where){.tensor = tensor, .index = index});
+}
+
+Scalar interp_scalar_from_double(double d, Type t) {
+  return type_is_float(t) ? convert((V){.d = d}, TY_F64, t) : (V){.i = (int64_t)d};
+}
+
+double interp_scalar_to_double(Scalar v, Type t) { return type_is_float(t) ? as_f64(v, t) : (double)v.i; }
 
 /* ---- staging ------------------------------------------------------------------ */
 

@@ -96,8 +96,11 @@ typedef struct {
   SrcPos pos;
 } Ins;
 
+struct Plan;
+
 typedef struct {
   Arena *arena;
+  struct Plan *plan; /* set by the plan pass */
   Buffer *bufs;
   int nbufs, capbufs;
   Ins *ins;

@@ -2,6 +2,7 @@
 #include "../runtime/rt.h"
 #include "frontend.h"
 #include "passes.h"
+#include "plan.h"
 
 #include <string.h>
 
@@ -65,6 +66,11 @@ static const char usage_compile[] =
     "  --dump-ir=all         print it before the passes and after each pass,\n"
     "                        each under a '// ----- IR Dump ... -----' header\n"
     "  --dump-ir=after-PASS  print it after PASS (see the list below)\n"
+    "  --emit=plan           print the phase plan: per phase, the buffers read and\n"
+    "                        written, the reductions, and bytes moved per element\n"
+    "  --json                with --emit=plan: as JSON\n"
+    "  --eager               with --emit=plan: also the eager executor's bytes per\n"
+    "                        element (the unoptimized graph, op by op)\n"
     "  --verify-each         run the verifier after every pass\n"
     "  -o FILE               write the output to FILE (atomically) instead of stdout\n"
     "  KEY=VALUE             override a recipe key, torchtune style (optimizer.lr=1e-4)\n"
@@ -110,7 +116,7 @@ static int write_buf(FILE *f, void *ctx) {
 static int cmd_compile(int argc, char **argv) {
   const char *config = NULL, *emit = NULL, *out_path = NULL;
   PipelineOptions po = {0};
-  bool dump = false;
+  bool dump = false, json = false, eager = false;
   const char **overrides = calloc((size_t)argc + 1, sizeof(char *));
   int nov = 0;
   for (int i = 0; i < argc; i++) {
@@ -140,11 +146,15 @@ static int cmd_compile(int argc, char **argv) {
       }
     } else if (!strncmp(a, "--emit=", 7) || !strcmp(a, "--emit")) {
       emit = a[6] == '=' ? a + 7 : (i + 1 < argc ? argv[++i] : "");
-      if (strcmp(emit, "ir") != 0) {
-        error("unknown --emit value '%s'; expected ir", emit);
+      if (strcmp(emit, "ir") != 0 && strcmp(emit, "plan") != 0) {
+        error("unknown --emit value '%s'; expected ir or plan", emit);
         free(overrides);
         return 2;
       }
+    } else if (!strcmp(a, "--json")) {
+      json = true;
+    } else if (!strcmp(a, "--eager")) {
+      eager = true;
     } else if (!strcmp(a, "--verify-each")) {
       po.verify_each = true;
     } else if (!strcmp(a, "-o")) {
@@ -186,10 +196,27 @@ static int cmd_compile(int argc, char **argv) {
   }
   po.dump = dump ? out.f : NULL;
   Graph *g = load_config(config, overrides, nov, arena);
-  if (g && emit && !dump)
+  if (g && !strcmp(config + (strlen(config) > 6 ? strlen(config) - 6 : 0), ".optir") && emit &&
+      !strcmp(emit, "plan"))
+    g = optir_specialize(g, NULL, 0, arena); /* options take their defaults */
+  bool plan = emit && !strcmp(emit, "plan");
+  if (g && emit && !plan && !dump)
     ir_print_file(g, out.f);
-  if (g && pipeline_run(g, &po))
+  double eager_bytes = -1;
+  if (g && eager)
+    eager_bytes = eager_traffic(g);
+  if (g && pipeline_run(g, &po)) {
     rc = 0;
+    if (plan) {
+      Buf b = {0};
+      if (json)
+        plan_print_json(g->plan, eager_bytes, &b);
+      else
+        plan_print(g->plan, eager_bytes, &b);
+      fputs(b.data, out.f);
+      buf_free(&b);
+    }
+  }
   if (mem) {
     fclose(mem);
     if (rc == 0 && file_write_atomic_with(out_path, write_buf, &out.buf) != 0)

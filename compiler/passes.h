@@ -3,9 +3,20 @@
 #pragma once
 #include "ir.h"
 
+/* passes/canonicalize.c: folds constants and applies identities that keep
+ * every result bit for bit. */
+bool pass_canonicalize(Graph *g);
+/* passes/cse.c: one value for each distinct computation. */
+bool pass_cse(Graph *g);
 /* passes/dce.c: drops values nothing stores or reduces, and state buffers
  * that nothing loads or stores. */
 void pass_dce(Graph *g);
+/* passes/hoist.c: step-scope values that need no reduction go first. */
+bool pass_hoist(Graph *g);
+/* passes/drop_grad_writeback.c: the grad store goes unless kept. */
+bool pass_drop_grad_writeback(Graph *g);
+/* passes/partition.c: ^stepK / ^phaseK segments, one memory pass each. */
+bool pass_partition(Graph *g);
 
 /* ---- pipeline.c ------------------------------------------------------------- */
 typedef struct {

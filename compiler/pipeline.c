@@ -1,12 +1,25 @@
 /* pipeline.c: the passes, in the order they run. */
 #include "passes.h"
+#include "plan.h"
 
 #include <string.h>
 
 static bool run_verify(Graph *g) { return ir_verify(g); }
+static bool run_dce(Graph *g) { return pass_dce(g), true; }
+static bool run_plan(Graph *g) {
+  g->plan = plan_build(g);
+  return g->plan != NULL;
+}
 
 const Pass pipeline_passes[] = {
     {"verify", "check types, scopes, SSA order and stores", run_verify},
+    {"canonicalize", "fold constants; identities that keep every bit", pass_canonicalize},
+    {"cse", "one value per distinct computation", pass_cse},
+    {"dce", "drop what no store or reduction needs", run_dce},
+    {"hoist", "step-scope values ahead of the element loop", pass_hoist},
+    {"drop-grad-writeback", "no store of scaled grads nobody reads", pass_drop_grad_writeback},
+    {"partition", "phases at step-scope reductions; recompute across phases", pass_partition},
+    {"plan", "buffers, reductions and bytes per element of each phase", run_plan},
 };
 const int pipeline_num_passes = ARRAY_LEN(pipeline_passes);
 

@@ -50,6 +50,14 @@ typedef struct {
   double red[8];  /* their values (e.g. the grad sum of squares) */
 } StepResult;
 
+/* One value of any IR type. */
+typedef union {
+  double d;   /* f64 */
+  float f;    /* f32 */
+  uint16_t h; /* bf16, f16: the bits */
+  int64_t i;  /* i32, i64, bool */
+} Scalar;
+
 /* ---- interp.c: the reference interpreter ------------------------------------
  * Runs one step of graph g over the chunks of layout l. bufs[b] is the flat
  * buffer of g->bufs[b], of its element type. Each value is computed in its
@@ -61,3 +69,47 @@ int interp_step(const Graph *g, const GroupLayout *l, void *const *bufs, const S
 /* Folds instruction i when its operands are all constants, computing
  * exactly as a step would; false when it cannot. */
 bool interp_fold(const Graph *g, Ref i, double *out);
+/* Computes instruction i (an arithmetic, logic, select or conversion op) on
+ * operand values `args`, for element `index` of `tensor` (which only
+ * stochastic rounding reads). Other executors use it where they have no
+ * faster loop of their own, so they agree with the interpreter by
+ * construction. */
+Scalar interp_apply(const Graph *g, Ref i, const Scalar *args, int tensor, int64_t index);
+/* A double (a constant, an input) as a value of type t, and back. */
+Scalar interp_scalar_from_double(double d, Type t);
+double interp_scalar_to_double(Scalar v, Type t);
+
+/* ---- lower.c: the phase plan -------------------------------------------------
+ * What a partitioned step graph asks of memory, phase by phase. Both
+ * backends consume it unchanged. */
+typedef struct {
+  int buf;   /* index into Graph.bufs */
+  Type type;
+} PlanBuf;
+
+typedef struct {
+  int index;
+  Ref step_lo, step_hi; /* ^stepK: the step values computed before this phase */
+  Ref lo, hi;           /* ^phaseK: the element computation, in order */
+  PlanBuf *reads, *writes;
+  int nreads, nwrites;
+  Ref *reds; /* the reductions this phase accumulates */
+  int nreds;
+  int bytes_per_element; /* reads + writes, each buffer once */
+  int nops;              /* arithmetic per element (loads and stores excluded) */
+} PlanPhase;
+
+typedef struct Plan {
+  const Graph *g;
+  PlanPhase *phases;
+  int nphases;
+  int bytes_per_element;
+} Plan;
+
+/* The plan of a partitioned graph, in g's arena. NULL (error printed) when
+ * the graph is not partitioned. */
+Plan *plan_build(const Graph *g);
+/* Text and JSON forms; `eager` is the eager executor's traffic per element
+ * for comparison, or negative to leave it out. */
+void plan_print(const Plan *p, double eager, Buf *out);
+void plan_print_json(const Plan *p, double eager, Buf *out);

@@ -343,6 +343,7 @@ void group_free(ParamGroup *pg) {
 int group_step(ParamGroup *pg, Backend b, const StepArgs *args, StepResult *res) {
   switch (b) {
   case BACKEND_INTERP: return interp_step(pg->g, &pg->layout, pg->bufs, args, res);
+  case BACKEND_EAGER: return eager_step(pg->g, &pg->layout, pg->bufs, args, res);
   default:
     error("backend '%s' is not available in this build", backend_names[b]);
     return -1;

@@ -39,6 +39,13 @@ void group_free(ParamGroup *pg);
 /* Runs one step of the group's graph with a backend. */
 int group_step(ParamGroup *pg, Backend b, const StepArgs *args, StepResult *res);
 
+/* ---- eager.c: torch eager's way of running a step ------------------------------------
+ * The unoptimized graph, one op at a time over one tensor at a time, every
+ * intermediate materialised. Same results as interp_step, bit for bit. */
+int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args, StepResult *res);
+/* Bytes per element that eager_step moves. */
+double eager_traffic(const Graph *g);
+
 /* ---- group.c: the values of a graph's runtime inputs --------------------------------
  * Each INPUT takes, in order: a value the runtime provides (step, ...), a
  * --set NAME=VALUE, or its default. */

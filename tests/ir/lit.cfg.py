@@ -13,7 +13,7 @@ if "builddir" in lit_config.params:
     config.test_exec_root = lit_config.params["builddir"]
 
 params = lit_config.params
-for key in ("optc", "filecheck", "not", "root"):
+for key in ("optc", "filecheck", "not", "root", "python"):
     if key not in params:
         lit_config.fatal("missing --param %s=..." % key)
 
@@ -21,4 +21,8 @@ config.substitutions.append(("%optc", params["optc"]))
 config.substitutions.append(("%root", params["root"]))
 config.substitutions.append(("%FileCheck", params["filecheck"]))
 config.substitutions.append(("%not", params["not"]))
+config.substitutions.append(("%python", params["python"]))
+config.substitutions.append(("%tensor_diff", params.get("tensor_diff", "tensor_diff")))
+config.substitutions.append(("%mkst", "%s %s" % (params.get("python", "python3"),
+                                                  os.path.join(params["root"], "tests", "mkst.py"))))
 config.environment["OPTC_CACHE"] = "0"

@@ -1,0 +1,478 @@
+/* eager.c: the step graph run the way torch eager runs an optimizer.
+ *
+ * One op at a time, over one whole tensor at a time, every intermediate
+ * materialised in memory, as torch's for-loop (foreach=False) path does:
+ * `exp_avg.lerp_(grad, 1 - beta1)` reads two tensors and writes one. This is
+ * the baseline the compiled step is measured against, so it is plain C
+ * loops that the C compiler vectorises, with torch eager's one trick and no
+ * other: an op whose only use is a store into a buffer writes straight into
+ * the buffer (torch's in-place ops), when no later op reads the buffer's
+ * old value. It runs the unoptimized graph, and its results are the
+ * interpreter's, bit for bit.
+ *
+ * Reductions see every tensor before any value that reads them is made: as
+ * in torch, clip_grad_norm finishes its norms over all grads before it
+ * scales any. Values are staged as in the interpreter; all stores happen in
+ * the last stage, so a skipped step (non-finite grads) stores nothing. */
+#include "rt.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef struct {
+  const Graph *g;
+  int n;
+  int *stage;
+  int last;       /* the last stage: stores happen in it */
+  int *last_use;  /* the last instruction reading each value */
+  Ref *in_place;  /* the store that value i is written into directly, or NOREF */
+  bool *cross;    /* read in a later stage than it is made: kept for the whole group */
+} Sched;
+
+/* Decides where each value lives: the same decisions drive the run and the
+ * traffic model. */
+static void sched_init(Sched *s, const Graph *g) {
+  int n = g->nins;
+  s->g = g;
+  s->n = n;
+  s->stage = calloc((size_t)n + 1, sizeof(int));
+  s->last_use = calloc((size_t)n + 1, sizeof(int));
+  s->in_place = malloc(sizeof(Ref) * ((size_t)n + 1));
+  s->cross = calloc((size_t)n + 1, sizeof(bool));
+  ASSERT(s->stage && s->last_use && s->in_place && s->cross);
+  s->last = 0;
+  for (int i = 0; i < n; i++) {
+    const Ins *x = &g->ins[i];
+    int st = 0;
+    for (int k = 0; k < op_info[x->op].nargs; k++) {
+      st = MAX(st, s->stage[x->args[k]]);
+      s->last_use[x->args[k]] = i;
+    }
+    s->stage[i] = x->op == OP_REDUCE ? st + 1 : st;
+    s->in_place[i] = NOREF;
+    if (x->op == OP_STORE || x->op == OP_REDUCE)
+      s->last = MAX(s->last, st);
+  }
+  for (int i = 0; i < n; i++) {
+    const Ins *x = &g->ins[i];
+    for (int k = 0; k < op_info[x->op].nargs; k++) {
+      const Ins *a = &g->ins[x->args[k]];
+      /* stores run in the last stage, so what they store lives until then */
+      int used_in = x->op == OP_STORE ? s->last : s->stage[i] - (x->op == OP_REDUCE);
+      if (a->scope == SCOPE_ELEM && s->stage[x->args[k]] < used_in)
+        s->cross[x->args[k]] = true;
+    }
+  }
+  /* In place: v's one use is `store @b, v`, v has b's type, v is made in
+   * the last stage, and nothing after v reads a load of b. */
+  for (int i = 0; i < n; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->op != OP_STORE)
+      continue;
+    Ref v = x->args[0];
+    const Ins *y = &g->ins[v];
+    if (y->scope != SCOPE_ELEM || y->op == OP_LOAD || graph_count_uses(g, v) != 1 || y->type != g->bufs[x->buf].type ||
+        s->stage[v] != s->last)
+      continue;
+    bool ok = true;
+    for (int j = 0; j < n && ok; j++)
+      if (g->ins[j].op == OP_LOAD && g->ins[j].buf == x->buf && s->last_use[j] > v)
+        ok = false;
+    if (ok)
+      s->in_place[v] = i;
+  }
+}
+
+static void sched_free(Sched *s) {
+  free(s->stage);
+  free(s->last_use);
+  free(s->in_place);
+  free(s->cross);
+}
+
+static bool is_arith(const Ins *x) {
+  return x->op != OP_LOAD && x->op != OP_STORE && x->op != OP_REDUCE && x->scope == SCOPE_ELEM;
+}
+
+/* The eager executor's traffic per element: each op reads its
+ * per-element operands and writes its result; a store that is not done in
+ * place copies (reads and writes); a reduction reads its operand. */
+double eager_traffic(const Graph *g) {
+  Sched s;
+  sched_init(&s, g);
+  double bytes = 0;
+  for (int i = 0; i < g->nins; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->scope != SCOPE_ELEM && x->op != OP_REDUCE)
+      continue;
+    if (x->op == OP_LOAD)
+      continue;
+    if (x->op == OP_STORE) {
+      Ref v = x->args[0];
+      if (s.in_place[v] != i)
+        bytes += type_size((Type)g->ins[v].type) + type_size((Type)g->bufs[x->buf].type);
+      continue;
+    }
+    Ref seen[3] = {NOREF, NOREF, NOREF};
+    for (int k = 0; k < op_info[x->op].nargs; k++) {
+      Ref a = x->args[k];
+      if (g->ins[a].scope != SCOPE_ELEM || a == seen[0] || a == seen[1])
+        continue;
+      seen[k] = a;
+      bytes += type_size((Type)g->ins[a].type);
+    }
+    if (x->op != OP_REDUCE)
+      bytes += type_size((Type)x->type);
+  }
+  sched_free(&s);
+  return bytes;
+}
+
+/* ---- running ------------------------------------------------------------------- */
+
+typedef struct {
+  Sched s;
+  const Graph *g;
+  const GroupLayout *l;
+  void *const *bufs;
+  const double *inputs;
+  Scalar *step;   /* (nins) step values */
+  void **arr;     /* (nins) per-element arrays: this tensor's, or the group's when cross */
+  bool *owned;    /* arr[i] was allocated (not a view into a buffer) */
+  double *part;   /* (nchunks) reduction partials */
+  int64_t *chunk0;/* (ntensors + 1) first chunk of each tensor */
+} Eager;
+
+static void *elem_ptr(void *base, Type t, int64_t i) { return (char *)base + i * type_size(t); }
+
+static void *alloc_arr(int64_t n, Type t) {
+  void *p = aligned_alloc(64, ((size_t)(n ? n : 1) * (size_t)type_size(t) + 63) / 64 * 64);
+  ASSERT(p);
+  return p;
+}
+
+typedef struct {
+  const void *p; /* array, or NULL for a scalar */
+  Scalar s;
+  Type t;
+} Operand;
+
+static Operand operand(const Eager *e, Ref r, int64_t off) {
+  const Ins *x = &e->g->ins[r];
+  Operand o = {.t = (Type)x->type};
+  if (x->scope == SCOPE_ELEM)
+    o.p = elem_ptr(e->arr[r], o.t, off);
+  else
+    o.s = e->step[r];
+  return o;
+}
+
+/* The typed loops, for the ops and types optimizers use; any other
+ * combination goes element by element through interp_apply. */
+#define BIN_F32(EXPR) \
+  do { \
+    const float *a = A.p, *b = B.p; \
+    float av = A.s.f, bv = B.s.f; \
+    if (a && b) for (int64_t i = 0; i < n; i++) { float x = a[i], y = b[i]; o[i] = (EXPR); } \
+    else if (a) for (int64_t i = 0; i < n; i++) { float x = a[i], y = bv; o[i] = (EXPR); } \
+    else for (int64_t i = 0; i < n; i++) { float x = av, y = b[i]; o[i] = (EXPR); } \
+  } while (0)
+
+#define UN_F32(EXPR) \
+  do { \
+    const float *a = A.p; \
+    for (int64_t i = 0; i < n; i++) { float x = a[i]; o[i] = (EXPR); } \
+  } while (0)
+
+static bool fast_f32(Op op, float *o, Operand A, Operand B, Operand C, int64_t n) {
+  if (A.t != TY_F32 || (!A.p && !B.p))
+    return false;
+  switch (op) {
+  case OP_ADD: BIN_F32(x + y); return true;
+  case OP_SUB: BIN_F32(x - y); return true;
+  case OP_MUL: BIN_F32(x * y); return true;
+  case OP_DIV: BIN_F32(x / y); return true;
+  case OP_MAX: BIN_F32(x != x ? x : y != y ? y : (x < y ? y : x)); return true;
+  case OP_MIN: BIN_F32(x != x ? x : y != y ? y : (y < x ? y : x)); return true;
+  case OP_NEG: if (!A.p) return false; UN_F32(-x); return true;
+  case OP_ABS: if (!A.p) return false; UN_F32(fabsf(x)); return true;
+  case OP_SQRT: if (!A.p) return false; UN_F32(sqrtf(x)); return true;
+  case OP_SIGN: if (!A.p) return false; UN_F32((float)((0.0f < x) - (x < 0.0f))); return true;
+  case OP_LERP: {
+    /* torch.lerp with a scalar weight, both ends tensors */
+    if (!A.p || !B.p || C.p)
+      return false;
+    const float *a = A.p, *b = B.p;
+    float w = C.s.f;
+    if (fabsf(w) < 0.5f)
+      for (int64_t i = 0; i < n; i++) o[i] = a[i] + w * (b[i] - a[i]);
+    else
+      for (int64_t i = 0; i < n; i++) o[i] = b[i] - (b[i] - a[i]) * (1.0f - w);
+    return true;
+  }
+  default: return false;
+  }
+}
+
+static bool fast_cvt(void *o, Type to, Operand A, int64_t n) {
+  if (!A.p)
+    return false;
+  if (A.t == TY_BF16 && to == TY_F32) {
+    const uint16_t *a = A.p;
+    float *out = o;
+    for (int64_t i = 0; i < n; i++) out[i] = optc_bf16_to_f32(a[i]);
+    return true;
+  }
+  if (A.t == TY_F32 && to == TY_BF16) {
+    const float *a = A.p;
+    uint16_t *out = o;
+    for (int64_t i = 0; i < n; i++) out[i] = optc_f32_to_bf16(a[i]);
+    return true;
+  }
+  if (A.t == TY_F16 && to == TY_F32) {
+    const uint16_t *a = A.p;
+    float *out = o;
+    for (int64_t i = 0; i < n; i++) out[i] = optc_f16_to_f32(a[i]);
+    return true;
+  }
+  if (A.t == TY_F32 && to == TY_F16) {
+    const float *a = A.p;
+    uint16_t *out = o;
+    for (int64_t i = 0; i < n; i++) out[i] = optc_f32_to_f16(a[i]);
+    return true;
+  }
+  return false;
+}
+
+static Scalar at(Operand o, int64_t i) {
+  if (!o.p)
+    return o.s;
+  Scalar v = {0};
+  switch (o.t) {
+  case TY_F64: v.d = ((const double *)o.p)[i]; break;
+  case TY_F32: v.f = ((const float *)o.p)[i]; break;
+  case TY_BF16: case TY_F16: v.h = ((const uint16_t *)o.p)[i]; break;
+  case TY_BOOL: v.i = ((const uint8_t *)o.p)[i]; break;
+  case TY_I32: v.i = ((const int32_t *)o.p)[i]; break;
+  case TY_I64: v.i = ((const int64_t *)o.p)[i]; break;
+  default: unreachable();
+  }
+  return v;
+}
+
+static void put(void *o, Type t, int64_t i, Scalar v) {
+  switch (t) {
+  case TY_F64: ((double *)o)[i] = v.d; break;
+  case TY_F32: ((float *)o)[i] = v.f; break;
+  case TY_BF16: case TY_F16: ((uint16_t *)o)[i] = v.h; break;
+  case TY_BOOL: ((uint8_t *)o)[i] = (uint8_t)v.i; break;
+  case TY_I32: ((int32_t *)o)[i] = (int32_t)v.i; break;
+  case TY_I64: ((int64_t *)o)[i] = v.i; break;
+  default: unreachable();
+  }
+}
+
+/* One op over elements [0, n) of tensor t, whose first element is `start`
+ * within the tensor, written to o. */
+static void run_op(Eager *e, Ref i, void *o, int64_t off, int tensor, int64_t n) {
+  const Ins *x = &e->g->ins[i];
+  Operand a[3] = {{0}};
+  for (int k = 0; k < op_info[x->op].nargs; k++)
+    a[k] = operand(e, x->args[k], off);
+  Type t = (Type)x->type;
+  if (t == TY_F32 && fast_f32((Op)x->op, o, a[0], a[1], a[2], n))
+    return;
+  if (x->op == OP_CVT && fast_cvt(o, t, a[0], n))
+    return;
+  Scalar args[3];
+  for (int64_t k = 0; k < n; k++) {
+    for (int j = 0; j < op_info[x->op].nargs; j++)
+      args[j] = at(a[j], k);
+    put(o, t, k, interp_apply(e->g, i, args, tensor, k));
+  }
+}
+
+/* The chunk partials of a reduction over this tensor's elements. */
+static void run_reduce(Eager *e, Ref r, int tensor) {
+  const Ins *x = &e->g->ins[r];
+  const GroupLayout *l = e->l;
+  RedKind k = (RedKind)x->red;
+  Ref a = x->args[0];
+  Type t = (Type)e->g->ins[a].type;
+  for (int64_t c = e->chunk0[tensor]; c < e->chunk0[tensor + 1]; c++) {
+    const Chunk *ch = &l->chunks[c];
+    int64_t off = ch->flat - l->offset[tensor];
+    Operand o = operand(e, a, off);
+    double acc = k == RED_SUM || k == RED_SUMSQ ? 0.0 : -INFINITY;
+    for (int64_t j = 0; j < ch->len; j++) {
+      double v = interp_scalar_to_double(at(o, j), t);
+      switch (k) {
+      case RED_SUM: acc += v; break;
+      case RED_SUMSQ: acc += v * v; break;
+      case RED_MAX: acc = acc != acc ? acc : v != v ? v : (acc < v ? v : acc); break;
+      case RED_ABSMAX: v = fabs(v); acc = acc != acc ? acc : v != v ? v : (acc < v ? v : acc); break;
+      default: unreachable();
+      }
+    }
+    e->part[c] = acc;
+  }
+}
+
+static double fold_partials(const Eager *e, RedKind k) {
+  double acc = k == RED_SUM || k == RED_SUMSQ ? 0.0 : -INFINITY;
+  for (int64_t c = 0; c < e->l->nchunks; c++) {
+    double v = e->part[c];
+    acc = k == RED_SUM || k == RED_SUMSQ ? acc + v : (acc != acc ? acc : v != v ? v : (acc < v ? v : acc));
+  }
+  return acc;
+}
+
+static void eval_step_values(Eager *e, int stage) {
+  const Graph *g = e->g;
+  for (int i = 0; i < g->nins; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->scope != SCOPE_STEP || e->s.stage[i] != stage || x->op == OP_REDUCE)
+      continue;
+    if (x->op == OP_CONST)
+      e->step[i] = interp_scalar_from_double(x->imm, (Type)x->type);
+    else if (x->op == OP_INPUT)
+      e->step[i] = interp_scalar_from_double(e->inputs ? e->inputs[i] : x->imm, (Type)x->type);
+    else {
+      Scalar args[3];
+      for (int k = 0; k < op_info[x->op].nargs; k++)
+        args[k] = e->step[x->args[k]];
+      e->step[i] = interp_apply(g, i, args, 0, 0);
+    }
+  }
+}
+
+/* Stage `stage` for one tensor: its ops in order; in the last stage, its stores. */
+static void run_tensor(Eager *e, int stage, int t) {
+  const Graph *g = e->g;
+  const GroupLayout *l = e->l;
+  int64_t n = l->numel[t], base = l->offset[t];
+  for (int i = 0; i < g->nins; i++) {
+    const Ins *x = &g->ins[i];
+    bool here = e->s.stage[i] == stage;
+    if (x->op == OP_REDUCE) {
+      if (e->s.stage[i] == stage + 1 && g->ins[x->args[0]].scope == SCOPE_ELEM)
+        run_reduce(e, i, t);
+      continue;
+    }
+    if (x->op == OP_LOAD && here) {
+      e->arr[i] = elem_ptr(e->bufs[x->buf], (Type)x->type, base);
+      continue;
+    }
+    if (x->op == OP_STORE && stage == e->s.last) {
+      Ref v = x->args[0];
+      const Ins *y = &g->ins[v];
+      Type bt = (Type)g->bufs[x->buf].type;
+      void *dst = elem_ptr(e->bufs[x->buf], bt, base);
+      if (e->s.in_place[v] == i)
+        continue;
+      if (y->scope == SCOPE_ELEM) {
+        const void *src = e->s.cross[v] ? elem_ptr(e->arr[v], (Type)y->type, base) : e->arr[v];
+        memcpy(dst, src, (size_t)n * (size_t)type_size(bt));
+      } else {
+        for (int64_t k = 0; k < n; k++)
+          put(dst, bt, k, e->step[v]);
+      }
+      continue;
+    }
+    if (!here || !is_arith(x))
+      continue;
+    /* Where the result goes: the buffer (in place), the group-wide array
+     * (read in a later stage), or this tensor's temporary. */
+    void *o;
+    Type t0 = (Type)x->type;
+    if (e->s.in_place[i] != NOREF) {
+      o = elem_ptr(e->bufs[g->ins[e->s.in_place[i]].buf], t0, base);
+    } else if (e->s.cross[i]) {
+      o = elem_ptr(e->arr[i], t0, base);
+    } else {
+      o = alloc_arr(n, t0);
+      e->arr[i] = o;
+      e->owned[i] = true;
+    }
+    /* operands that are group-wide arrays are read at this tensor's offset */
+    run_op(e, i, o, 0, t, n);
+    if (e->s.in_place[i] != NOREF)
+      e->arr[i] = o;
+    /* Free this tensor's temporaries after their last use, as torch's
+     * refcounts do. */
+    for (int k = 0; k < op_info[x->op].nargs; k++) {
+      Ref a = x->args[k];
+      if (e->owned[a] && !e->s.cross[a] && e->s.last_use[a] == i) {
+        free(e->arr[a]);
+        e->arr[a] = NULL;
+        e->owned[a] = false;
+      }
+    }
+  }
+}
+
+int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args, StepResult *res) {
+  for (int i = 0; i < g->nins; i++)
+    if (g->ins[i].op == OP_OPTION) {
+      error("eager: option '%%%s' is unresolved", g->ins[i].name);
+      return -1;
+    }
+  Eager e = {.g = g, .l = l, .bufs = bufs, .inputs = args ? args->inputs : NULL};
+  sched_init(&e.s, g);
+  size_t n = (size_t)g->nins + 1;
+  e.step = calloc(n, sizeof(Scalar));
+  e.arr = calloc(n, sizeof(void *));
+  e.owned = calloc(n, sizeof(bool));
+  e.part = calloc((size_t)l->nchunks + 1, sizeof(double));
+  e.chunk0 = calloc((size_t)l->ntensors + 2, sizeof(int64_t));
+  ASSERT(e.step && e.arr && e.owned && e.part && e.chunk0);
+  for (int64_t c = 0, t = 0; t <= l->ntensors; t++) {
+    while (c < l->nchunks && l->chunks[c].tensor < t)
+      c++;
+    e.chunk0[t] = c;
+  }
+  /* Values read across stages live in group-wide arrays. Their operands are
+   * then read through the same arrays at each tensor's offset: operand()
+   * takes an offset, and run_tensor passes the tensor's base for them. */
+  for (int i = 0; i < g->nins; i++)
+    if (e.s.cross[i]) {
+      e.arr[i] = alloc_arr(l->total, (Type)g->ins[i].type);
+      e.owned[i] = true;
+    }
+  memset(res, 0, sizeof *res);
+  bool ok = !args || args->grads_finite != 0;
+  if (ok && (!args || args->grads_finite < 0)) {
+    for (int b = 0; b < g->nbufs && ok; b++)
+      if (g->bufs[b].kind == BUF_GRAD)
+        for (int t = 0; t < l->ntensors && ok; t++)
+          for (int64_t k = 0; k < l->numel[t] && ok; k++) {
+            Operand o = {.p = elem_ptr(bufs[b], (Type)g->bufs[b].type, l->offset[t]), .t = (Type)g->bufs[b].type};
+            ok = isfinite(interp_scalar_to_double(at(o, k), o.t));
+          }
+  }
+  for (int s = 0; ok && s <= e.s.last; s++) {
+    eval_step_values(&e, s);
+    for (int t = 0; t < l->ntensors; t++)
+      run_tensor(&e, s, t);
+    for (int r = 0; r < g->nins; r++) {
+      if (g->ins[r].op != OP_REDUCE || e.s.stage[r] != s + 1)
+        continue;
+      e.step[r].d = fold_partials(&e, (RedKind)g->ins[r].red);
+      if (res->nred < (int)ARRAY_LEN(res->red))
+        res->red[res->nred++] = e.step[r].d;
+      if (!isfinite(e.step[r].d) && l->nchunks > 0)
+        ok = false;
+    }
+  }
+  res->skipped = !ok;
+  for (size_t i = 0; i < n; i++)
+    if (e.owned[i])
+      free(e.arr[i]);
+  free(e.step);
+  free(e.arr);
+  free(e.owned);
+  free(e.part);
+  free(e.chunk0);
+  sched_free(&e.s);
+  return 0;
+}

@@ -1,0 +1,364 @@
+/* llama4.c: the Llama 4 text decoder's configuration, parameter table,
+ * init, and workspace. The forward and backward passes live in
+ * llama4_impl.h, which this file includes once for float and once for
+ * double. */
+#include "llama4.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A bug (a caller breaking the contract), not a user's mistake. */
+#define L4_CHECK(c, ...)                                              \
+  do {                                                                \
+    if (!(c)) {                                                       \
+      fprintf(stderr, "%s:%d: llama4: ", __FILE__, __LINE__);         \
+      fprintf(stderr, __VA_ARGS__);                                   \
+      fputc('\n', stderr);                                            \
+      abort();                                                        \
+    }                                                                 \
+  } while (0)
+
+/* A block of this many tokens goes through the output head at once, so the
+ * (rows, V) logits never exist for the whole batch: at Scout's V = 202048 a
+ * full (B*T, V) buffer would dwarf the rest of the workspace. */
+#define L4_HEAD_ROWS 64
+
+#define L4_PI 3.14159265358979323846
+
+/* The per-layer tensors, in HF's module order (self_attn, feed_forward's
+ * experts, router, shared_expert, then the two norms). */
+enum {
+  T_WQ, T_WK, T_WV, T_WO,
+  T_GATE_UP, T_DOWN, T_ROUTER, T_SGATE, T_SUP, T_SDOWN,
+  T_LN1, T_LN2,
+  T_PER_LAYER
+};
+#define T_EMBED 0
+#define T_LAYER(l, k) (1 + (l) * T_PER_LAYER + (k))
+#define T_NORM(c) (1 + (c)->num_layers * T_PER_LAYER)
+#define T_LM_HEAD(c) (2 + (c)->num_layers * T_PER_LAYER)
+
+struct L4Model {
+  L4Config c;
+  int max_batch, max_seq;
+  size_t elem;         /* sizeof(float) or sizeof(double): the precision it runs */
+  void *acts;          /* activations and scratch, bound by acts_bind_f32/_f64 */
+  size_t acts_bytes;
+  double *inv_freq;    /* (hd/2) RoPE frequencies after llama3 scaling */
+  /* routing of the last run, and the batch's positions */
+  int32_t *choice;     /* (L, N) chosen expert per token */
+  int32_t *order;      /* (L, N) token indices grouped by expert, ascending within one */
+  int32_t *offsets;    /* (L, E+1) expert e's tokens are order[offsets[e] .. offsets[e+1]) */
+  int32_t *cursor;     /* (E) scratch for the grouping */
+  int32_t *pos;        /* (N) positions of this batch */
+  int32_t *chunk_id;   /* (N) pos / attention_chunk_size */
+  size_t ints_bytes;
+};
+
+L4Config l4_config_scout(void) {
+  L4Config c = {
+    .vocab_size = 202048, .num_layers = 48, .num_heads = 40, .num_kv_heads = 8,
+    .embed_dim = 5120, .head_dim = 128, .hidden_dim = 8192, .shared_hidden_dim = 8192,
+    .num_experts = 16, .skip_rope_interval = 4, .use_qk_norm = 1,
+    .attention_chunk_size = 8192, .rope_base = 500000.0, .rope_scale_factor = 16.0,
+    .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 1.0, .rope_old_context_len = 8192,
+    .norm_eps = 1e-5, .attn_temperature_tuning = 1, .attn_floor_scale = 8192.0,
+    .attn_scale = 0.1,
+  };
+  return c;
+}
+
+int l4_layer_uses_rope(const L4Config *c, int l) {
+  return c->skip_rope_interval <= 0 || (l + 1) % c->skip_rope_interval != 0;
+}
+
+static void tensor_set(L4Tensor *t, int ndim, int64_t d0, int64_t d1, int64_t d2,
+                       const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t->name, sizeof t->name, fmt, ap);
+  va_end(ap);
+  t->ndim = ndim;
+  t->shape[0] = d0, t->shape[1] = d1, t->shape[2] = d2;
+  t->numel = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
+}
+
+int l4_tensors(const L4Config *c, L4Tensor *out) {
+  int64_t V = c->vocab_size, D = c->embed_dim, QD = (int64_t)c->num_heads * c->head_dim,
+          KVD = (int64_t)c->num_kv_heads * c->head_dim, E = c->num_experts,
+          H = c->hidden_dim, Hs = c->shared_hidden_dim;
+  int n = T_LM_HEAD(c) + 1;
+  if (!out) return n;
+  tensor_set(&out[T_EMBED], 2, V, D, 0, "model.embed_tokens.weight");
+  for (int l = 0; l < c->num_layers; l++) {
+    L4Tensor *t = &out[T_LAYER(l, 0)];
+    const char *a = "model.layers.%d.self_attn", *f = "model.layers.%d.feed_forward";
+    char p[64], q[64];
+    snprintf(p, sizeof p, a, l);
+    snprintf(q, sizeof q, f, l);
+    tensor_set(&t[T_WQ], 2, QD, D, 0, "%s.q_proj.weight", p);
+    tensor_set(&t[T_WK], 2, KVD, D, 0, "%s.k_proj.weight", p);
+    tensor_set(&t[T_WV], 2, KVD, D, 0, "%s.v_proj.weight", p);
+    tensor_set(&t[T_WO], 2, D, QD, 0, "%s.o_proj.weight", p);
+    tensor_set(&t[T_GATE_UP], 3, E, D, 2 * H, "%s.experts.gate_up_proj", q);
+    tensor_set(&t[T_DOWN], 3, E, H, D, "%s.experts.down_proj", q);
+    tensor_set(&t[T_ROUTER], 2, E, D, 0, "%s.router.weight", q);
+    tensor_set(&t[T_SGATE], 2, Hs, D, 0, "%s.shared_expert.gate_proj.weight", q);
+    tensor_set(&t[T_SUP], 2, Hs, D, 0, "%s.shared_expert.up_proj.weight", q);
+    tensor_set(&t[T_SDOWN], 2, D, Hs, 0, "%s.shared_expert.down_proj.weight", q);
+    tensor_set(&t[T_LN1], 1, D, 0, 0, "model.layers.%d.input_layernorm.weight", l);
+    tensor_set(&t[T_LN2], 1, D, 0, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+  }
+  tensor_set(&out[T_NORM(c)], 1, D, 0, 0, "model.norm.weight");
+  tensor_set(&out[T_LM_HEAD(c)], 2, V, D, 0, "lm_head.weight");
+  return n;
+}
+
+int64_t l4_param_count(const L4Config *c) {
+  int n = l4_tensors(c, NULL);
+  L4Tensor *t = malloc(sizeof(L4Tensor) * (size_t)n);
+  L4_CHECK(t, "out of memory");
+  l4_tensors(c, t);
+  int64_t sum = 0;
+  for (int i = 0; i < n; i++) sum += t[i].numel;
+  free(t);
+  return sum;
+}
+
+/* ---- init: splitmix64 + Box-Muller ----------------------------------------- */
+static uint64_t splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* uniform in (0, 1]: never 0, so log() in Box-Muller stays finite */
+static double uniform_open(uint64_t *s) { return ((splitmix64(s) >> 11) + 1) * 0x1.0p-53; }
+
+static int is_norm_weight(const L4Config *c, int i) {
+  if (i == T_NORM(c)) return 1;
+  if (i == T_EMBED || i == T_LM_HEAD(c)) return 0;
+  int k = (i - 1) % T_PER_LAYER;
+  return k == T_LN1 || k == T_LN2;
+}
+
+void l4_init_params(const L4Config *c, float *const *params, uint64_t seed) {
+  int n = l4_tensors(c, NULL);
+  L4Tensor *t = malloc(sizeof(L4Tensor) * (size_t)n);
+  L4_CHECK(t, "out of memory");
+  l4_tensors(c, t);
+  for (int i = 0; i < n; i++) {
+    float *p = params[i];
+    if (is_norm_weight(c, i)) {
+      for (int64_t j = 0; j < t[i].numel; j++) p[j] = 1.0f;
+      continue;
+    }
+    uint64_t s = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
+    for (int64_t j = 0; j < t[i].numel; j += 2) {
+      double r = sqrt(-2.0 * log(uniform_open(&s))), th = 2.0 * L4_PI * uniform_open(&s);
+      p[j] = (float)(0.02 * r * cos(th));
+      if (j + 1 < t[i].numel) p[j + 1] = (float)(0.02 * r * sin(th));
+    }
+  }
+  free(t);
+}
+
+/* ---- scaled RoPE frequencies -----------------------------------------------
+ * HF's _compute_llama3_parameters: inv_freq[i] = base^(-2i/hd), then
+ *   wavelen < old/high  -> f              (high frequencies kept)
+ *   wavelen > old/low   -> f / factor     (low frequencies stretched)
+ *   otherwise           -> (1 - s) f / factor + s f,
+ *                          s = (old/wavelen - low) / (high - low)
+ * Scout has low == high, so the middle band is the single point
+ * wavelen == old, where HF would divide by zero; there we take f / factor. */
+static void rope_frequencies(const L4Config *c, double *f) {
+  int half = c->head_dim / 2;
+  for (int i = 0; i < half; i++) {
+    double inv = 1.0 / pow(c->rope_base, (2.0 * i) / c->head_dim);
+    if (c->rope_scale_factor > 0) {
+      double factor = c->rope_scale_factor, old = c->rope_old_context_len;
+      double lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
+      double wavelen = 2.0 * L4_PI / inv;
+      if (wavelen < old / hi) {
+        /* keep */
+      } else if (wavelen > old / lo || hi == lo) {
+        inv = inv / factor;
+      } else {
+        double s = (old / wavelen - lo) / (hi - lo);
+        inv = (1.0 - s) * inv / factor + s * inv;
+      }
+    }
+    f[i] = inv;
+  }
+}
+
+/* ---- the two precisions ------------------------------------------------------- */
+#define REAL float
+#define SUF(name) name##_f32
+#define GEMM cblas_sgemm
+#define R_EXP expf
+#define R_LOG logf
+#define R_SQRT sqrtf
+#include "llama4_impl.h"
+#undef REAL
+#undef SUF
+#undef GEMM
+#undef R_EXP
+#undef R_LOG
+#undef R_SQRT
+
+#define REAL double
+#define SUF(name) name##_f64
+#define GEMM cblas_dgemm
+#define R_EXP exp
+#define R_LOG log
+#define R_SQRT sqrt
+#include "llama4_impl.h"
+#undef REAL
+#undef SUF
+#undef GEMM
+#undef R_EXP
+#undef R_LOG
+#undef R_SQRT
+
+/* ---- create / free -------------------------------------------------------------- */
+static int config_check(const L4Config *c, int max_batch, int max_seq, char *err,
+                        size_t errlen) {
+#define BAD(...) return snprintf(err, errlen, "llama4: " __VA_ARGS__), 0
+  struct { const char *name; int v; } pos[] = {
+    {"vocab_size", c->vocab_size}, {"num_layers", c->num_layers},
+    {"num_heads", c->num_heads}, {"num_kv_heads", c->num_kv_heads},
+    {"embed_dim", c->embed_dim}, {"head_dim", c->head_dim},
+    {"hidden_dim", c->hidden_dim}, {"shared_hidden_dim", c->shared_hidden_dim},
+    {"num_experts", c->num_experts}, {"max_batch", max_batch}, {"max_seq", max_seq},
+  };
+  for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+    if (pos[i].v <= 0) BAD("%s must be positive, got %d", pos[i].name, pos[i].v);
+  if (c->num_heads % c->num_kv_heads != 0)
+    BAD("num_heads (%d) must be a multiple of num_kv_heads (%d) for grouped-query attention",
+        c->num_heads, c->num_kv_heads);
+  if (c->head_dim % 2 != 0)
+    BAD("head_dim (%d) must be even: RoPE rotates pairs of features", c->head_dim);
+  /* HF sizes q_proj by num_heads*head_dim independently, but Scout and
+   * torchtune's builders tie them; a mismatch is a typo in a config. */
+  if ((int64_t)c->num_heads * c->head_dim != c->embed_dim)
+    BAD("embed_dim (%d) must equal num_heads (%d) * head_dim (%d)", c->embed_dim,
+        c->num_heads, c->head_dim);
+  if (!(c->norm_eps > 0)) BAD("norm_eps must be positive, got %g", c->norm_eps);
+  if (!(c->rope_base > 1)) BAD("rope_base must be > 1, got %g", c->rope_base);
+  if (c->rope_scale_factor > 0 &&
+      (!(c->rope_low_freq_factor > 0) || !(c->rope_high_freq_factor >= c->rope_low_freq_factor) ||
+       c->rope_old_context_len <= 0))
+    BAD("rope scaling needs 0 < low_freq_factor (%g) <= high_freq_factor (%g) and "
+        "old_context_len > 0 (%d)", c->rope_low_freq_factor, c->rope_high_freq_factor,
+        c->rope_old_context_len);
+  if (c->attn_temperature_tuning && !(c->attn_floor_scale > 0))
+    BAD("attn_floor_scale must be positive, got %g", c->attn_floor_scale);
+  if ((int64_t)max_batch * max_seq > INT32_MAX) BAD("max_batch * max_seq is too large");
+  return 1;
+#undef BAD
+}
+
+static L4Model *model_create(const L4Config *c, int max_batch, int max_seq, size_t elem,
+                             char *err, size_t errlen) {
+  if (errlen) err[0] = 0;
+  if (!config_check(c, max_batch, max_seq, err, errlen)) return NULL;
+  L4Model *m = calloc(1, sizeof *m);
+  if (!m) return snprintf(err, errlen, "llama4: out of memory"), NULL;
+  m->c = *c;
+  m->max_batch = max_batch, m->max_seq = max_seq, m->elem = elem;
+  size_t numel = elem == sizeof(float) ? acts_bind_f32(m, NULL, NULL)
+                                       : acts_bind_f64(m, NULL, NULL);
+  size_t N = (size_t)max_batch * max_seq, L = c->num_layers, E = c->num_experts;
+  m->acts_bytes = numel * elem;
+  m->ints_bytes = (2 * L * N + L * (E + 1) + E + 2 * N) * sizeof(int32_t);
+  m->acts = malloc(m->acts_bytes);
+  int32_t *ints = malloc(m->ints_bytes);
+  m->inv_freq = malloc(sizeof(double) * (size_t)(c->head_dim / 2));
+  if (!m->acts || !ints || !m->inv_freq) {
+    snprintf(err, errlen, "llama4: cannot allocate %zu bytes of activations",
+             m->acts_bytes + m->ints_bytes);
+    free(ints);
+    l4_free(m);
+    return NULL;
+  }
+  m->choice = ints;
+  m->order = m->choice + L * N;
+  m->offsets = m->order + L * N;
+  m->cursor = m->offsets + L * (E + 1);
+  m->pos = m->cursor + E;
+  m->chunk_id = m->pos + N;
+  rope_frequencies(c, m->inv_freq);
+  return m;
+}
+
+/* The caller frees the model, its workspace included, with l4_free. */
+L4Model *l4_create(const L4Config *c, int max_batch, int max_seq, char *err, size_t errlen) {
+  return model_create(c, max_batch, max_seq, sizeof(float), err, errlen);
+}
+
+L4Model *l4_create_f64(const L4Config *c, int max_batch, int max_seq, char *err,
+                       size_t errlen) {
+  return model_create(c, max_batch, max_seq, sizeof(double), err, errlen);
+}
+
+void l4_free(L4Model *m) {
+  if (!m) return;
+  free(m->acts);
+  free(m->choice); /* the start of the int workspace */
+  free(m->inv_freq);
+  free(m);
+}
+
+size_t l4_workspace_bytes(const L4Model *m) { return m->acts_bytes + m->ints_bytes; }
+
+const int32_t *l4_expert_choice(const L4Model *m, int l) {
+  L4_CHECK(l >= 0 && l < m->c.num_layers, "layer %d out of range", l);
+  return m->choice + (size_t)l * m->max_batch * m->max_seq;
+}
+
+/* ---- entry points ------------------------------------------------------------------- */
+double l4_run(L4Model *m, float *const *params, float *const *grads, const L4Batch *b,
+              int64_t *ntokens) {
+  L4_CHECK(m->elem == sizeof(float), "l4_run on a model created by l4_create_f64");
+  return model_run_f32(m, params, grads, b, ntokens);
+}
+
+double l4_run_f64(L4Model *m, double *const *params, double *const *grads, const L4Batch *b,
+                  int64_t *ntokens) {
+  L4_CHECK(m->elem == sizeof(double), "l4_run_f64 on a model created by l4_create");
+  return model_run_f64(m, params, grads, b, ntokens);
+}
+
+double l4_forward_backward(L4Model *m, float *const *params, float *const *grads,
+                           const int32_t *tokens, const int32_t *targets, int B, int T,
+                           int64_t *ntokens) {
+  L4Batch b = {.tokens = tokens, .targets = targets, .B = B, .T = T};
+  L4_CHECK(grads, "l4_forward_backward needs grads");
+  return l4_run(m, params, grads, &b, ntokens);
+}
+
+double l4_forward(L4Model *m, float *const *params, const int32_t *tokens,
+                  const int32_t *targets, int B, int T, int64_t *ntokens) {
+  L4Batch b = {.tokens = tokens, .targets = targets, .B = B, .T = T};
+  return l4_run(m, params, NULL, &b, ntokens);
+}
+
+double l4_forward_backward_f64(L4Model *m, double *const *params, double *const *grads,
+                               const int32_t *tokens, const int32_t *targets, int B, int T,
+                               int64_t *ntokens) {
+  L4Batch b = {.tokens = tokens, .targets = targets, .B = B, .T = T};
+  L4_CHECK(grads, "l4_forward_backward_f64 needs grads");
+  return l4_run_f64(m, params, grads, &b, ntokens);
+}
+
+double l4_forward_f64(L4Model *m, double *const *params, const int32_t *tokens,
+                      const int32_t *targets, int B, int T, int64_t *ntokens) {
+  L4Batch b = {.tokens = tokens, .targets = targets, .B = B, .T = T};
+  return l4_run_f64(m, params, NULL, &b, ntokens);
+}

@@ -1,0 +1,102 @@
+/* llama4.h: the Llama 4 text decoder (HF Llama4TextModel + lm_head), forward
+ * and backward on the CPU, matmuls through BLAS.
+ *
+ * Parameters are HF's tensors with HF's names and shapes, so a checkpoint
+ * loads by name. The caller owns them: it passes one pointer per tensor, in
+ * l4_tensors order, usually views into a flat (FSDP) buffer. The model owns
+ * only its activation workspace.
+ *
+ * The model is compiled twice from llama4_impl.h: in float, which training
+ * uses, and in double, which the gradient check uses. A model is created for
+ * one precision and runs only in it. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+  int vocab_size, num_layers, num_heads, num_kv_heads, embed_dim, head_dim;
+  int hidden_dim;          /* routed experts' SwiGLU width H */
+  int shared_hidden_dim;   /* shared expert's width Hs */
+  int num_experts;
+  /* Layer l is NoPE when (l + 1) % skip_rope_interval == 0; <= 0: every
+   * layer uses RoPE. QK-norm and the chunked mask apply on RoPE layers only;
+   * attention_chunk_size <= 0 turns chunking off. */
+  int skip_rope_interval, use_qk_norm, attention_chunk_size;
+  /* llama3-style scaled RoPE; rope_scale_factor <= 0 means plain RoPE. */
+  double rope_base, rope_scale_factor, rope_low_freq_factor, rope_high_freq_factor;
+  int rope_old_context_len;
+  double norm_eps;
+  /* On NoPE layers q *= log1p(floor((pos + 1) / attn_floor_scale)) * attn_scale + 1. */
+  int attn_temperature_tuning; double attn_floor_scale, attn_scale;
+} L4Config;
+
+typedef struct { char name[128]; int ndim; int64_t shape[3]; int64_t numel; } L4Tensor;
+
+/* One micro-batch of B rows of T tokens. Packed rows carry several
+ * sequences: a token attends only to earlier tokens of its own segment, and
+ * the caller restarts positions at 0 in each segment. */
+typedef struct {
+  const int32_t *tokens;    /* (B, T) ids in [0, V) */
+  const int32_t *targets;   /* (B, T) ids in [0, V), or -100: not counted */
+  const int32_t *positions; /* (B, T) >= 0, or NULL: 0..T-1 in every row */
+  const int32_t *segments;  /* (B, T) segment ids, or NULL: one sequence per row */
+  int B, T;
+} L4Batch;
+
+/* ---- llama4.c: configuration and parameters ------------------------------ */
+/* Llama 4 Scout's text decoder (Llama-4-Scout-17B-16E), temperature tuning on.
+ * Small test configs start from it and change the dims. */
+L4Config l4_config_scout(void);
+/* 1 when layer l applies RoPE (and the chunked mask, and QK-norm). */
+int l4_layer_uses_rope(const L4Config *c, int l);
+/* The parameter tensors in a fixed order (embed, then layer 0's, ..., then
+ * norm, lm_head), with HF names; returns the count and fills out[] when not
+ * NULL. Within a layer the order is HF's module order: q, k, v, o,
+ * experts.gate_up_proj, experts.down_proj, router, shared gate, up, down,
+ * input_layernorm, post_attention_layernorm. */
+int l4_tensors(const L4Config *c, L4Tensor *out);
+int64_t l4_param_count(const L4Config *c);
+/* HF-style init: normal(0, 0.02) for linear/embedding/expert weights, ones
+ * for norm weights. Each tensor draws from its own splitmix64 stream keyed by
+ * (seed, tensor index), so the result depends on nothing else. */
+void l4_init_params(const L4Config *c, float *const *params, uint64_t seed);
+
+/* ---- llama4.c: the model --------------------------------------------------- */
+/* A model holds one batch's activations: it runs one batch at a time, and
+ * separate threads need separate models. */
+typedef struct L4Model L4Model;
+/* Checks dims (divisibility, evenness of head_dim, ...) and returns NULL with
+ * a message in err (size errlen) when they do not fit. Otherwise allocates
+ * the activation workspace for batches up to max_batch x max_seq, in float.
+ * The caller frees the model with l4_free. */
+L4Model *l4_create(const L4Config *c, int max_batch, int max_seq, char *err, size_t errlen);
+/* The same, in double: for gradient checks (l4_*_f64 only). */
+L4Model *l4_create_f64(const L4Config *c, int max_batch, int max_seq, char *err, size_t errlen);
+void l4_free(L4Model *m);
+/* Bytes of activation workspace l4_create allocated, for memory reports. */
+size_t l4_workspace_bytes(const L4Model *m);
+
+/* params[i], grads[i] point at tensor i's data (row-major), in l4_tensors
+ * order. Runs forward, and backward when grads is not NULL. Returns the SUM
+ * of the token losses, sets *ntokens (when not NULL) to the number of counted
+ * targets, and ADDS the gradients of that sum into grads, so gradient
+ * accumulation is a loop. The caller divides by the token count. */
+double l4_run(L4Model *m, float *const *params, float *const *grads, const L4Batch *b,
+              int64_t *ntokens);
+double l4_run_f64(L4Model *m, double *const *params, double *const *grads, const L4Batch *b,
+                  int64_t *ntokens);
+/* l4_run on B plain rows of T tokens. */
+double l4_forward_backward(L4Model *m, float *const *params, float *const *grads,
+                           const int32_t *tokens, const int32_t *targets, int B, int T,
+                           int64_t *ntokens);
+/* Forward only (evaluation), same return convention. */
+double l4_forward(L4Model *m, float *const *params, const int32_t *tokens,
+                  const int32_t *targets, int B, int T, int64_t *ntokens);
+double l4_forward_backward_f64(L4Model *m, double *const *params, double *const *grads,
+                               const int32_t *tokens, const int32_t *targets, int B, int T,
+                               int64_t *ntokens);
+double l4_forward_f64(L4Model *m, double *const *params, const int32_t *tokens,
+                      const int32_t *targets, int B, int T, int64_t *ntokens);
+/* The routed expert each token of the last run chose in layer l: (B*T)
+ * entries, valid until the next run. For load statistics and for tests. */
+const int32_t *l4_expert_choice(const L4Model *m, int l);
