@@ -48,7 +48,8 @@ static const char usage_exec[] =
     "  --in FILE            input tensors\n"
     "  --out FILE           output tensors\n"
     "  --steps N            steps to run with the same grads (default 1)\n"
-    "  --backend NAME       interp (the reference interpreter; the default)\n"
+    "  --backend NAME       interp: the reference interpreter (the default)\n"
+    "                       eager: the front end's graph op by op, as torch eager\n"
     "  --set NAME=VALUE     a runtime input (lr, num_tokens, world_size, max_norm, ...)\n"
     "                       or, for an .optir CONFIG, an option (amsgrad=true)\n"
     "  KEY=VALUE            override a recipe key (optimizer.lr=1e-4)\n"
@@ -241,6 +242,7 @@ static int cmd_exec(int argc, char **argv) {
   ParamGroup pg = {0};
   bool have_group = false;
   double *vals = NULL;
+  void *grads0 = NULL;
   Binding *input_sets = NULL; /* for an .optir CONFIG: the --sets that are not options */
   int ninput_sets = 0;
   for (int i = 0; i < argc; i++) {
@@ -334,8 +336,13 @@ static int cmd_exec(int argc, char **argv) {
       free(opts);
     }
   }
+  /* eager runs the graph as the front end built it, op by op; the other
+   * backends run the pipeline's result */
+  Graph *unopt = g ? graph_clone(g, arena) : NULL;
   if (!g || !pipeline_run(g, &(PipelineOptions){0}))
     goto done;
+  if (backend == BACKEND_EAGER)
+    g = unopt;
   vals = calloc((size_t)g->nins + 1, sizeof(double));
   Binding first_step = {"step", 1.0};
   if (inputs_resolve(g, input_sets ? input_sets : sets, input_sets ? ninput_sets : nsets, &first_step, 1, vals) != 0)
@@ -348,7 +355,23 @@ static int cmd_exec(int argc, char **argv) {
   have_group = true;
   Ref step_ref = graph_find_input(g, "step");
   int skipped = 0;
+  /* Every step gets the same fresh grads, as a new backward would: a graph
+   * that writes the scaled grads back (as torch does to p.grad) must not
+   * feed them to the next step. */
+  int gbuf = -1;
+  for (int b = 0; b < g->nbufs; b++)
+    if (g->bufs[b].kind == BUF_GRAD)
+      gbuf = b;
+  bool stores_grad = false;
+  for (int i = 0; i < g->nins; i++)
+    stores_grad |= g->ins[i].op == OP_STORE && g->ins[i].buf == gbuf;
+  size_t gbytes = (size_t)pg.layout.total * (size_t)type_size(g->bufs[gbuf].type);
+  grads0 = stores_grad && steps > 1 ? malloc(gbytes + 1) : NULL;
+  if (grads0)
+    memcpy(grads0, pg.bufs[gbuf], gbytes);
   for (long s = 0; s < steps; s++) {
+    if (grads0)
+      memcpy(pg.bufs[gbuf], grads0, gbytes);
     if (step_ref != NOREF)
       vals[step_ref] = pg.step + 1;
     StepArgs args = {.inputs = vals, .grads_finite = finite};
@@ -388,6 +411,7 @@ done:
     free((char *)sets[k].name);
   free(sets);
   free(input_sets);
+  free(grads0);
   free(overrides);
   free(vals);
   arena_free(arena);

@@ -137,8 +137,9 @@ typedef struct {
   void *const *bufs;
   const double *inputs;
   Scalar *step;   /* (nins) step values */
-  void **arr;     /* (nins) per-element arrays: this tensor's, or the group's when cross */
-  bool *owned;    /* arr[i] was allocated (not a view into a buffer) */
+  void **arr;     /* (nins) this tensor's elements of each value */
+  bool *owned;    /* arr[i] is a temporary of this tensor's (not a view) */
+  void **group;   /* (nins) group-wide arrays of the values read across stages */
   double *part;   /* (nchunks) reduction partials */
   int64_t *chunk0;/* (ntensors + 1) first chunk of each tensor */
 } Eager;
@@ -347,10 +348,26 @@ static void eval_step_values(Eager *e, int stage) {
 }
 
 /* Stage `stage` for one tensor: its ops in order; in the last stage, its stores. */
+static void release(Eager *e, Ref a) {
+  if (e->owned[a]) {
+    free(e->arr[a]);
+    e->arr[a] = NULL;
+    e->owned[a] = false;
+  }
+}
+
 static void run_tensor(Eager *e, int stage, int t) {
   const Graph *g = e->g;
   const GroupLayout *l = e->l;
   int64_t n = l->numel[t], base = l->offset[t];
+  /* Loads are views of the buffers, and values kept across stages views of
+   * their group-wide arrays: both at this tensor's offset, in every stage. */
+  for (int i = 0; i < g->nins; i++) {
+    if (e->group[i])
+      e->arr[i] = elem_ptr(e->group[i], (Type)g->ins[i].type, base);
+    if (g->ins[i].op == OP_LOAD)
+      e->arr[i] = elem_ptr(e->bufs[g->ins[i].buf], (Type)g->ins[i].type, base);
+  }
   for (int i = 0; i < g->nins; i++) {
     const Ins *x = &g->ins[i];
     bool here = e->s.stage[i] == stage;
@@ -359,10 +376,8 @@ static void run_tensor(Eager *e, int stage, int t) {
         run_reduce(e, i, t);
       continue;
     }
-    if (x->op == OP_LOAD && here) {
-      e->arr[i] = elem_ptr(e->bufs[x->buf], (Type)x->type, base);
+    if (x->op == OP_LOAD)
       continue;
-    }
     if (x->op == OP_STORE && stage == e->s.last) {
       Ref v = x->args[0];
       const Ins *y = &g->ins[v];
@@ -371,8 +386,9 @@ static void run_tensor(Eager *e, int stage, int t) {
       if (e->s.in_place[v] == i)
         continue;
       if (y->scope == SCOPE_ELEM) {
-        const void *src = e->s.cross[v] ? elem_ptr(e->arr[v], (Type)y->type, base) : e->arr[v];
-        memcpy(dst, src, (size_t)n * (size_t)type_size(bt));
+        memcpy(dst, e->arr[v], (size_t)n * (size_t)type_size(bt));
+        if (e->s.last_use[v] == i)
+          release(e, v);
       } else {
         for (int64_t k = 0; k < n; k++)
           put(dst, bt, k, e->step[v]);
@@ -388,26 +404,20 @@ static void run_tensor(Eager *e, int stage, int t) {
     if (e->s.in_place[i] != NOREF) {
       o = elem_ptr(e->bufs[g->ins[e->s.in_place[i]].buf], t0, base);
     } else if (e->s.cross[i]) {
-      o = elem_ptr(e->arr[i], t0, base);
+      o = e->arr[i];
     } else {
       o = alloc_arr(n, t0);
       e->arr[i] = o;
       e->owned[i] = true;
     }
-    /* operands that are group-wide arrays are read at this tensor's offset */
     run_op(e, i, o, 0, t, n);
     if (e->s.in_place[i] != NOREF)
       e->arr[i] = o;
     /* Free this tensor's temporaries after their last use, as torch's
      * refcounts do. */
-    for (int k = 0; k < op_info[x->op].nargs; k++) {
-      Ref a = x->args[k];
-      if (e->owned[a] && !e->s.cross[a] && e->s.last_use[a] == i) {
-        free(e->arr[a]);
-        e->arr[a] = NULL;
-        e->owned[a] = false;
-      }
-    }
+    for (int k = 0; k < op_info[x->op].nargs; k++)
+      if (e->s.last_use[x->args[k]] == i)
+        release(e, x->args[k]);
   }
 }
 
@@ -423,6 +433,7 @@ int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const St
   e.step = calloc(n, sizeof(Scalar));
   e.arr = calloc(n, sizeof(void *));
   e.owned = calloc(n, sizeof(bool));
+  e.group = calloc(n, sizeof(void *));
   e.part = calloc((size_t)l->nchunks + 1, sizeof(double));
   e.chunk0 = calloc((size_t)l->ntensors + 2, sizeof(int64_t));
   ASSERT(e.step && e.arr && e.owned && e.part && e.chunk0);
@@ -431,14 +442,11 @@ int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const St
       c++;
     e.chunk0[t] = c;
   }
-  /* Values read across stages live in group-wide arrays. Their operands are
-   * then read through the same arrays at each tensor's offset: operand()
-   * takes an offset, and run_tensor passes the tensor's base for them. */
+  /* Values read across stages live in group-wide arrays (torch keeps them
+   * as tensors: p.grad after scale_grads). */
   for (int i = 0; i < g->nins; i++)
-    if (e.s.cross[i]) {
-      e.arr[i] = alloc_arr(l->total, (Type)g->ins[i].type);
-      e.owned[i] = true;
-    }
+    if (e.s.cross[i])
+      e.group[i] = alloc_arr(l->total, (Type)g->ins[i].type);
   memset(res, 0, sizeof *res);
   bool ok = !args || args->grads_finite != 0;
   if (ok && (!args || args->grads_finite < 0)) {
@@ -465,9 +473,12 @@ int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const St
     }
   }
   res->skipped = !ok;
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
     if (e.owned[i])
       free(e.arr[i]);
+    free(e.group[i]);
+  }
+  free(e.group);
   free(e.step);
   free(e.arr);
   free(e.owned);

@@ -1,0 +1,20 @@
+"""Prints `name phases bytes [per-phase bytes]` for each recipe in a folder,
+from optc --emit=plan --json, in the order traffic.test lists them."""
+import json
+import subprocess
+import sys
+
+optc, folder = sys.argv[1], sys.argv[2]
+ORDER = ["adamw_fp32", "adamw_fp32_clip", "adamw_bf16", "adamw_bf16_fp32states", "adamw_bf16_clip",
+         "adamw_fp32_keepgrads", "adam_amsgrad", "sgd", "sgd_momentum", "lion", "adagrad", "rmsprop",
+         "rmsprop_centered_momentum"]
+for name in ORDER:
+    out = subprocess.run([optc, "--emit=plan", "--json", "%s/%s.yaml" % (folder, name)],
+                         check=True, capture_output=True, text=True).stdout
+    plan = json.loads(out)
+    phases = plan["phases"]
+    assert sum(p["bytes_per_element"] for p in phases) == plan["bytes_per_element"]
+    for p in phases:
+        assert p["bytes_per_element"] == sum(b["bytes"] for b in p["reads"] + p["writes"])
+    per = " " + str([p["bytes_per_element"] for p in phases]) if len(phases) > 1 else ""
+    print("%-28s %d %d%s" % (name, len(phases), plan["bytes_per_element"], per))

@@ -1,0 +1,541 @@
+/* test_llama4: the Llama 4 decoder's forward and backward.
+ *
+ * 1. Gradients, in double, against central differences for every parameter
+ *    kind, on a plain batch and on a packed one (segments, positions past
+ *    8191 so the NoPE temperature is not 1).
+ * 2. The float model's loss against llama4_naive.c, an independent
+ *    plain-loop forward, across the config switches (chunking, NoPE layers,
+ *    QK-norm, RoPE scaling, temperature, packing).
+ * 3. Accumulation, all-ignored batches, rejected dims, Scout's tensor table.
+ * Then one timed forward+backward, printed, never asserted.
+ * Exits 0 when every check passes. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "llama4.h"
+
+double l4_naive_loss(const L4Config *c, int ntensors, const char *const *names,
+                     const double *const *params, const int32_t *tokens,
+                     const int32_t *targets, const int32_t *positions, const int32_t *segments,
+                     int B, int T, int64_t *ntokens);
+
+static int failures;
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    if (!(cond)) {                                         \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__);          \
+      printf(__VA_ARGS__);                                 \
+      printf("\n");                                        \
+      failures++;                                          \
+    }                                                      \
+  } while (0)
+
+/* ---- the test's own random numbers ------------------------------------------------- */
+static uint64_t rng_state = 12345;
+static uint64_t rng_u64(void) {
+  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static double rng_uniform(void) { return ((rng_u64() >> 11) + 1) * 0x1.0p-53; }
+static double rng_normal(void) {
+  return sqrt(-2 * log(rng_uniform())) * cos(6.283185307179586 * rng_uniform());
+}
+static int rng_int(int n) { return (int)(rng_u64() % (uint64_t)n); }
+
+static void *xcalloc(size_t n, size_t s) {
+  void *p = calloc(n ? n : 1, s);
+  if (!p) {
+    fprintf(stderr, "out of memory\n");
+    exit(2);
+  }
+  return p;
+}
+
+/* ---- parameters in both precisions ----------------------------------------------------- */
+typedef struct {
+  int n;
+  L4Tensor *t;
+  const char **names;
+  double **p, **g;  /* double params and grads */
+  float **pf, **gf; /* float copies of the same values */
+} Params;
+
+static int is_norm(const char *name) { return strstr(name, "norm.weight") != NULL; }
+
+/* Weights normal(0, std), norm weights 1 + normal(0, 0.2), so that no
+ * gradient is symmetric by accident; the float copy holds the same values. */
+static Params params_create(const L4Config *c, double std) {
+  Params P = {0};
+  P.n = l4_tensors(c, NULL);
+  P.t = xcalloc((size_t)P.n, sizeof(L4Tensor));
+  l4_tensors(c, P.t);
+  P.names = xcalloc((size_t)P.n, sizeof(char *));
+  P.p = xcalloc((size_t)P.n, sizeof(double *));
+  P.g = xcalloc((size_t)P.n, sizeof(double *));
+  P.pf = xcalloc((size_t)P.n, sizeof(float *));
+  P.gf = xcalloc((size_t)P.n, sizeof(float *));
+  for (int i = 0; i < P.n; i++) {
+    size_t k = (size_t)P.t[i].numel;
+    P.names[i] = P.t[i].name;
+    P.p[i] = xcalloc(k, sizeof(double));
+    P.g[i] = xcalloc(k, sizeof(double));
+    P.pf[i] = xcalloc(k, sizeof(float));
+    P.gf[i] = xcalloc(k, sizeof(float));
+    for (size_t j = 0; j < k; j++) {
+      float v = (float)(is_norm(P.t[i].name) ? 1 + 0.2 * rng_normal() : std * rng_normal());
+      P.pf[i][j] = v;
+      P.p[i][j] = v;
+    }
+  }
+  return P;
+}
+
+static void params_zero_grads(Params *P) {
+  for (int i = 0; i < P->n; i++) {
+    memset(P->g[i], 0, sizeof(double) * (size_t)P->t[i].numel);
+    memset(P->gf[i], 0, sizeof(float) * (size_t)P->t[i].numel);
+  }
+}
+
+static void params_free(Params *P) {
+  for (int i = 0; i < P->n; i++) free(P->p[i]), free(P->g[i]), free(P->pf[i]), free(P->gf[i]);
+  free(P->p), free(P->g), free(P->pf), free(P->gf), free(P->names), free(P->t);
+}
+
+static double naive(const L4Config *c, const Params *P, const L4Batch *b, int64_t *nt) {
+  return l4_naive_loss(c, P->n, P->names, (const double *const *)P->p, b->tokens, b->targets,
+                       b->positions, b->segments, b->B, b->T, nt);
+}
+
+/* the small config every check starts from */
+static L4Config small_config(void) {
+  L4Config c = l4_config_scout();
+  c.vocab_size = 23, c.num_layers = 4, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 4;
+  c.embed_dim = 16, c.hidden_dim = 8, c.shared_hidden_dim = 8, c.num_experts = 16;
+  c.attention_chunk_size = 4;
+  /* RoPE frequencies 1 and 0.1 (wavelengths 6.3 and 63): with old context
+   * 32 and factors 1..8 the first is in the smoothed band, the second is
+   * divided by the factor */
+  c.rope_base = 100, c.rope_scale_factor = 4, c.rope_low_freq_factor = 1;
+  c.rope_high_freq_factor = 8, c.rope_old_context_len = 32;
+  return c;
+}
+
+enum { B_ = 2, T_ = 10 };
+typedef struct {
+  int32_t tok[B_ * T_], tgt[B_ * T_], pos[B_ * T_], seg[B_ * T_];
+  L4Batch plain, packed;
+} Batches;
+
+/* plain: two rows of 10 tokens, three targets ignored. packed: the same
+ * tokens, row 1 holding two sequences of 6 and 4 tokens, the first at
+ * positions 8188..8193 so the temperature steps past 1 inside it. */
+static void batches_make(Batches *bb, int V) {
+  for (int i = 0; i < B_ * T_; i++) {
+    bb->tok[i] = rng_int(V);
+    bb->tgt[i] = rng_int(V);
+    bb->pos[i] = i % T_;
+    bb->seg[i] = 0;
+  }
+  bb->tgt[3] = bb->tgt[12] = bb->tgt[19] = -100;
+  for (int t = 0; t < T_; t++) {
+    bb->seg[T_ + t] = t < 6 ? 7 : 9;
+    bb->pos[T_ + t] = t < 6 ? 8188 + t : t - 6;
+  }
+  bb->plain = (L4Batch){.tokens = bb->tok, .targets = bb->tgt, .B = B_, .T = T_};
+  bb->packed = (L4Batch){.tokens = bb->tok, .targets = bb->tgt, .positions = bb->pos,
+                         .segments = bb->seg, .B = B_, .T = T_};
+}
+
+/* ---- 1. gradient check ------------------------------------------------------------------ */
+static const char *const kinds[] = {
+  "embed_tokens", "input_layernorm", "post_attention_layernorm", "model.norm", "q_proj",
+  "k_proj", "v_proj", "o_proj", "router", "experts.gate_up_proj", "experts.down_proj",
+  "shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert.down_proj", "lm_head",
+};
+enum { NKINDS = sizeof kinds / sizeof kinds[0] };
+
+static int kind_of(const char *name) {
+  for (int k = 0; k < NKINDS; k++)
+    if (strstr(name, kinds[k])) return k;
+  return -1;
+}
+
+static int layer_of(const char *name) {
+  int l = -1;
+  if (sscanf(name, "model.layers.%d.", &l) != 1) return -1;
+  return l;
+}
+
+static int same_routing(const L4Model *m, const L4Config *c, const int32_t *base, int n) {
+  for (int l = 0; l < c->num_layers; l++)
+    if (memcmp(l4_expert_choice(m, l), base + (size_t)l * n, sizeof(int32_t) * (size_t)n))
+      return 0;
+  return 1;
+}
+
+#define GRAD_TOL 1e-6
+#define GRAD_FLOOR 1e-4 /* |grad| below this is compared absolutely */
+
+static void grad_check(const char *label, const L4Batch *b) {
+  L4Config c = small_config();
+  char err[256];
+  L4Model *m = l4_create_f64(&c, b->B, b->T, err, sizeof err);
+  CHECK(m, "%s", err);
+  if (!m) return;
+  Params P = params_create(&c, 0.5);
+  int n = b->B * b->T, L = c.num_layers, E = c.num_experts;
+  int64_t nt;
+  double loss = l4_run_f64(m, P.p, P.g, b, &nt);
+  printf("grad check (%s): loss %.6f over %lld tokens\n", label, loss, (long long)nt);
+
+  /* routing of the unperturbed run; per layer the busiest and an empty expert */
+  int32_t *route = xcalloc((size_t)L * n, sizeof(int32_t));
+  int busiest[16], empty[16], nempty = 0;
+  for (int l = 0; l < L; l++) {
+    memcpy(route + (size_t)l * n, l4_expert_choice(m, l), sizeof(int32_t) * (size_t)n);
+    int cnt[64] = {0};
+    for (int t = 0; t < n; t++) cnt[route[(size_t)l * n + t]]++;
+    busiest[l] = 0, empty[l] = -1;
+    for (int e = 0; e < E; e++) {
+      if (cnt[e] > cnt[busiest[l]]) busiest[l] = e;
+      if (cnt[e] == 0 && empty[l] < 0) empty[l] = e;
+    }
+    printf("  layer %d (%s): expert tokens", l, l4_layer_uses_rope(&c, l) ? "RoPE" : "NoPE");
+    for (int e = 0; e < E; e++) printf(" %d", cnt[e]);
+    printf("\n");
+  }
+
+  /* an expert that got no tokens has exactly zero gradients */
+  for (int i = 0; i < P.n; i++) {
+    int l = layer_of(P.t[i].name), k = kind_of(P.t[i].name);
+    if (l < 0 || (k != 9 && k != 10) || empty[l] < 0) continue;
+    nempty++;
+    size_t per = (size_t)(P.t[i].numel / E), bad = 0;
+    for (size_t j = 0; j < per; j++) bad += P.g[i][(size_t)empty[l] * per + j] != 0;
+    CHECK(bad == 0, "%s: expert %d got no tokens but %zu gradient entries are nonzero",
+          P.t[i].name, empty[l], bad);
+  }
+  printf("  %d expert tensors of experts that got no tokens: gradients exactly zero\n", nempty);
+  CHECK(nempty > 0, "no layer left an expert without tokens; the check needs one");
+
+  double maxerr[NKINDS] = {0}, maxerr2[NKINDS] = {0};
+  int checked[NKINDS] = {0}, skipped = 0;
+  for (int i = 0; i < P.n; i++) {
+    int k = kind_of(P.t[i].name), l = layer_of(P.t[i].name);
+    CHECK(k >= 0, "unclassified tensor %s", P.t[i].name);
+    if (k < 0) continue;
+    for (int s = 0; s < 6; s++) {
+      int64_t j = rng_u64() % (uint64_t)P.t[i].numel;
+      if (k == 0) /* a row some token looks up */
+        j = (int64_t)b->tokens[rng_int(n)] * c.embed_dim + rng_int(c.embed_dim);
+      if (k == 9 || k == 10) { /* mostly the busiest expert; one entry of an empty one */
+        int64_t per = P.t[i].numel / E;
+        int e = s == 5 && empty[l] >= 0 ? empty[l] : busiest[l];
+        j = e * per + (int64_t)(rng_u64() % (uint64_t)per);
+      }
+      /* two stencils: the plain central difference at h = 1e-6 (printed),
+       * whose rounding noise is about eps*|loss|/h ~ 1e-8 absolute, and the
+       * 4-point one at h = 1e-4, error O(h^4) and noise ~1e-10, which the
+       * tolerance applies to */
+      double *w = &P.p[i][j], orig = *w, f[6];
+      const double steps[6] = {1e-6, -1e-6, 2e-4, 1e-4, -1e-4, -2e-4};
+      int flip = 0;
+      for (int q = 0; q < 6; q++) {
+        *w = orig + steps[q] * fmax(1.0, fabs(orig));
+        f[q] = l4_run_f64(m, P.p, NULL, b, NULL);
+        flip |= !same_routing(m, &c, route, n);
+      }
+      *w = orig;
+      if (flip) {
+        skipped++;
+        continue;
+      }
+      double h = fmax(1.0, fabs(orig)), ana = P.g[i][j];
+      double num2 = (f[0] - f[1]) / (2e-6 * h);
+      double num = (8 * (f[3] - f[4]) - (f[2] - f[5])) / (12e-4 * h);
+      double e2 = fabs(num2 - ana) / fmax(GRAD_FLOOR, fmax(fabs(num2), fabs(ana)));
+      double e = fabs(num - ana) / fmax(GRAD_FLOOR, fmax(fabs(num), fabs(ana)));
+      if (e2 > maxerr2[k]) maxerr2[k] = e2;
+      if (e > maxerr[k]) maxerr[k] = e;
+      checked[k]++;
+      CHECK(e < GRAD_TOL, "%s[%lld]: analytic %.10g numeric %.10g (rel err %.3g)", P.t[i].name,
+            (long long)j, ana, num, e);
+    }
+  }
+  for (int k = 0; k < NKINDS; k++) {
+    printf("  %-26s %3d entries  max rel err %.2e  (2-point, h=1e-6: %.2e)\n", kinds[k],
+           checked[k], maxerr[k], maxerr2[k]);
+    CHECK(checked[k] > 0, "no entry of kind %s was checked", kinds[k]);
+  }
+  printf("  skipped %d entries whose perturbation changed a top-1 choice\n", skipped);
+  free(route);
+  params_free(&P);
+  l4_free(m);
+}
+
+/* ---- 2. forward against the naive reference ----------------------------------------------- */
+typedef struct {
+  double f32, f64, ref;
+} Losses;
+
+static Losses losses_of(const L4Config *c, Params *P, const L4Batch *b) {
+  char err[256];
+  Losses r = {0};
+  L4Model *mf = l4_create(c, b->B, b->T, err, sizeof err);
+  L4Model *md = l4_create_f64(c, b->B, b->T, err, sizeof err);
+  CHECK(mf && md, "%s", err);
+  if (!mf || !md) return l4_free(mf), l4_free(md), r;
+  int64_t n1, n2, n3;
+  r.f32 = l4_run(mf, P->pf, NULL, b, &n1);
+  r.f64 = l4_run_f64(md, P->p, NULL, b, &n2);
+  r.ref = naive(c, P, b, &n3);
+  CHECK(n1 == n3 && n2 == n3, "token counts %lld %lld vs naive %lld", (long long)n1,
+        (long long)n2, (long long)n3);
+  l4_free(mf);
+  l4_free(md);
+  return r;
+}
+
+static double rel(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-30); }
+
+static Losses forward_case(const char *label, const L4Config *c, Params *P, const L4Batch *b) {
+  Losses r = losses_of(c, P, b);
+  printf("  %-34s naive %.9f  f32 rel diff %.2e  f64 rel diff %.2e\n", label, r.ref,
+         rel(r.f32, r.ref), rel(r.f64, r.ref));
+  CHECK(rel(r.f32, r.ref) < 1e-5, "%s: float loss %.9g vs naive %.9g", label, r.f32, r.ref);
+  CHECK(rel(r.f64, r.ref) < 1e-11, "%s: double loss %.15g vs naive %.15g", label, r.f64, r.ref);
+  return r;
+}
+
+static void forward_check(Batches *bb) {
+  printf("forward check against llama4_naive.c:\n");
+  L4Config c = small_config();
+  Params P = params_create(&c, 0.3);
+  Losses base = forward_case("base (chunk 4, NoPE layer 3)", &c, &P, &bb->plain);
+
+  L4Config v = c;
+  v.attention_chunk_size = 0;
+  Losses nochunk = forward_case("no chunking", &v, &P, &bb->plain);
+  CHECK(rel(nochunk.f32, base.f32) > 1e-4, "the chunk mask does not change the loss");
+  v = c, v.attention_chunk_size = 3;
+  Losses chunk3 = forward_case("chunk 3", &v, &P, &bb->plain);
+  CHECK(rel(chunk3.f32, base.f32) > 1e-4, "the chunk size does not change the loss");
+  v = c, v.skip_rope_interval = 1;
+  Losses allnope = forward_case("every layer NoPE", &v, &P, &bb->plain);
+  CHECK(rel(allnope.f32, base.f32) > 1e-4, "NoPE layers do not change the loss");
+  v = c, v.skip_rope_interval = 0;
+  Losses allrope = forward_case("every layer RoPE", &v, &P, &bb->plain);
+  CHECK(rel(allrope.f32, base.f32) > 1e-4, "the NoPE layer does not change the loss");
+  v = c, v.use_qk_norm = 0;
+  Losses noqk = forward_case("no QK-norm", &v, &P, &bb->plain);
+  CHECK(rel(noqk.f32, base.f32) > 1e-4, "QK-norm does not change the loss");
+  v = c, v.rope_scale_factor = 0;
+  Losses plainrope = forward_case("RoPE unscaled", &v, &P, &bb->plain);
+  CHECK(rel(plainrope.f32, base.f32) > 1e-6, "RoPE scaling does not change the loss");
+  v = c, v.rope_base = 500000, v.rope_scale_factor = 16, v.rope_low_freq_factor = 1;
+  v.rope_high_freq_factor = 1, v.rope_old_context_len = 8192;
+  forward_case("Scout's RoPE (500000, x16)", &v, &P, &bb->plain);
+
+  Losses packed = forward_case("packed, temperature on", &c, &P, &bb->packed);
+  v = c, v.attn_temperature_tuning = 0;
+  Losses packed_nt = forward_case("packed, temperature off", &v, &P, &bb->packed);
+  CHECK(rel(packed.f32, packed_nt.f32) > 1e-6,
+        "the temperature does not change the loss past position 8191");
+
+  /* a packed row is the sum of its sequences run alone */
+  double parts = 0;
+  int32_t *tok = bb->tok, *tgt = bb->tgt, *pos = bb->pos;
+  L4Batch r0 = {.tokens = tok, .targets = tgt, .B = 1, .T = T_};
+  L4Batch s1 = {.tokens = tok + T_, .targets = tgt + T_, .positions = pos + T_, .B = 1, .T = 6};
+  L4Batch s2 = {.tokens = tok + T_ + 6, .targets = tgt + T_ + 6, .B = 1, .T = 4};
+  L4Batch *pieces[] = {&r0, &s1, &s2};
+  for (int i = 0; i < 3; i++) parts += losses_of(&c, &P, pieces[i]).f64;
+  printf("  packed row vs its sequences alone: rel diff %.2e\n", rel(packed.f64, parts));
+  CHECK(rel(packed.f64, parts) < 1e-12, "packed %.15g vs separate %.15g", packed.f64, parts);
+  params_free(&P);
+}
+
+/* ---- 3. contracts -------------------------------------------------------------------------- */
+static void contract_checks(Batches *bb) {
+  printf("contracts:\n");
+  L4Config c = small_config();
+  Params P = params_create(&c, 0.3);
+  char err[256];
+  L4Model *mf = l4_create(&c, B_, T_, err, sizeof err);
+  L4Model *md = l4_create_f64(&c, B_, T_, err, sizeof err);
+  CHECK(mf && md, "%s", err);
+  if (!mf || !md) return;
+
+  /* gradients accumulate: two calls give twice one call */
+  int64_t nt;
+  double worst32 = 0, worst64 = 0, l1 = l4_run(mf, P.pf, P.gf, &bb->packed, &nt);
+  l4_run_f64(md, P.p, P.g, &bb->packed, &nt);
+  Params once = params_create(&c, 0.3);
+  for (int i = 0; i < P.n; i++) {
+    memcpy(once.gf[i], P.gf[i], sizeof(float) * (size_t)P.t[i].numel);
+    memcpy(once.g[i], P.g[i], sizeof(double) * (size_t)P.t[i].numel);
+  }
+  double l2 = l4_run(mf, P.pf, P.gf, &bb->packed, &nt);
+  l4_run_f64(md, P.p, P.g, &bb->packed, &nt);
+  CHECK(l1 == l2, "the same batch gave losses %.9g and %.9g", l1, l2);
+  for (int i = 0; i < P.n; i++) {
+    double s32 = 0, s64 = 0, d32 = 0, d64 = 0;
+    for (int64_t j = 0; j < P.t[i].numel; j++) {
+      s32 = fmax(s32, fabs(once.gf[i][j])), s64 = fmax(s64, fabs(once.g[i][j]));
+      d32 = fmax(d32, fabs(P.gf[i][j] - 2.0 * once.gf[i][j]));
+      d64 = fmax(d64, fabs(P.g[i][j] - 2.0 * once.g[i][j]));
+    }
+    if (s32 > 0) worst32 = fmax(worst32, d32 / s32);
+    if (s64 > 0) worst64 = fmax(worst64, d64 / s64);
+  }
+  printf("  accumulation: |g2 - 2 g1| / max|g1| <= %.2e (f32), %.2e (f64)\n", worst32, worst64);
+  CHECK(worst32 < 1e-5 && worst64 < 1e-12, "gradients do not accumulate");
+  /* the float build's gradients are the double build's, to float accuracy */
+  double worst = 0;
+  const char *where = "";
+  for (int i = 0; i < P.n; i++) {
+    double s = 0, d = 0;
+    for (int64_t j = 0; j < P.t[i].numel; j++) {
+      s = fmax(s, fabs(once.g[i][j]));
+      d = fmax(d, fabs(once.gf[i][j] - once.g[i][j]));
+    }
+    if (s > 0 && d / s > worst) worst = d / s, where = P.t[i].name;
+  }
+  printf("  f32 vs f64 gradients: max |gf - g| / max|g| %.2e (%s)\n", worst, where);
+  CHECK(worst < 1e-4, "float gradients differ from double ones by %.3g in %s", worst, where);
+  params_free(&once);
+
+  /* every target ignored: loss 0, no gradient */
+  params_zero_grads(&P);
+  int32_t none[B_ * T_];
+  for (int i = 0; i < B_ * T_; i++) none[i] = -100;
+  L4Batch nb = bb->packed;
+  nb.targets = none;
+  double l0 = l4_run(mf, P.pf, P.gf, &nb, &nt);
+  size_t nonzero = 0;
+  for (int i = 0; i < P.n; i++)
+    for (int64_t j = 0; j < P.t[i].numel; j++) nonzero += P.gf[i][j] != 0;
+  printf("  all targets -100: loss %g, %lld tokens, %zu nonzero gradient entries\n", l0,
+         (long long)nt, nonzero);
+  CHECK(l0 == 0 && nt == 0 && nonzero == 0, "an all-ignored batch is not a no-op");
+  l4_free(mf);
+  l4_free(md);
+  params_free(&P);
+
+  /* dims that do not fit */
+  struct { const char *what, *expect; L4Config c; } bad[6];
+  for (int i = 0; i < 6; i++) bad[i].c = small_config();
+  bad[0].what = "embed_dim != num_heads*head_dim", bad[0].expect = "embed_dim";
+  bad[0].c.embed_dim = 20;
+  bad[1].what = "num_heads % num_kv_heads", bad[1].expect = "num_kv_heads";
+  bad[1].c.num_kv_heads = 3;
+  bad[2].what = "odd head_dim", bad[2].expect = "even";
+  bad[2].c.head_dim = 5, bad[2].c.num_heads = 4, bad[2].c.embed_dim = 20;
+  bad[3].what = "zero experts", bad[3].expect = "num_experts";
+  bad[3].c.num_experts = 0;
+  bad[4].what = "zero kv heads", bad[4].expect = "num_kv_heads";
+  bad[4].c.num_kv_heads = 0;
+  bad[5].what = "zero norm_eps", bad[5].expect = "norm_eps";
+  bad[5].c.norm_eps = 0;
+  for (int i = 0; i < 6; i++) {
+    err[0] = 0;
+    L4Model *m = l4_create(&bad[i].c, 1, 4, err, sizeof err);
+    printf("  rejects %-32s \"%s\"\n", bad[i].what, err);
+    CHECK(!m && strstr(err, bad[i].expect), "%s: not rejected with a message naming %s",
+          bad[i].what, bad[i].expect);
+    l4_free(m);
+  }
+
+  /* Scout's table: HF's 579 tensors, 107,769,861,120 parameters */
+  L4Config s = l4_config_scout();
+  int ns = l4_tensors(&s, NULL);
+  int64_t np = l4_param_count(&s);
+  printf("  Scout: %d tensors, %lld parameters\n", ns, (long long)np);
+  CHECK(ns == 579 && np == 107769861120LL, "Scout's tensor table is wrong");
+  L4Tensor *t = xcalloc((size_t)ns, sizeof(L4Tensor));
+  l4_tensors(&s, t);
+  CHECK(!strcmp(t[5].name, "model.layers.0.feed_forward.experts.gate_up_proj") &&
+            t[5].shape[0] == 16 && t[5].shape[1] == 5120 && t[5].shape[2] == 16384,
+        "gate_up_proj is %s (%lld, %lld, %lld)", t[5].name, (long long)t[5].shape[0],
+        (long long)t[5].shape[1], (long long)t[5].shape[2]);
+  CHECK(!strcmp(t[ns - 1].name, "lm_head.weight"), "last tensor is %s", t[ns - 1].name);
+  free(t);
+
+  /* HF init: norms 1, weights with std 0.02, the same for the same seed */
+  L4Config ci = small_config();
+  Params A = params_create(&ci, 1), Bp = params_create(&ci, 1);
+  l4_init_params(&ci, A.pf, 7);
+  l4_init_params(&ci, Bp.pf, 7);
+  double ss = 0;
+  int64_t cnt = 0, same = 1, ones = 1;
+  for (int i = 0; i < A.n; i++)
+    for (int64_t j = 0; j < A.t[i].numel; j++) {
+      same &= A.pf[i][j] == Bp.pf[i][j];
+      if (is_norm(A.t[i].name)) ones &= A.pf[i][j] == 1.0f;
+      else ss += (double)A.pf[i][j] * A.pf[i][j], cnt++;
+    }
+  printf("  init: std %.4f over %lld weights\n", sqrt(ss / cnt), (long long)cnt);
+  CHECK(same && ones && fabs(sqrt(ss / cnt) - 0.02) < 0.001, "l4_init_params is off");
+  params_free(&A);
+  params_free(&Bp);
+}
+
+/* ---- timing (printed, never asserted) ----------------------------------------------------- */
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void timing(void) {
+  L4Config c = l4_config_scout();
+  c.vocab_size = 259, c.num_layers = 4, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 16;
+  c.embed_dim = 64, c.hidden_dim = 64, c.shared_hidden_dim = 64, c.num_experts = 16;
+  c.attention_chunk_size = 64;
+  enum { B = 4, T = 128 };
+  char err[256];
+  L4Model *m = l4_create(&c, B, T, err, sizeof err);
+  CHECK(m, "%s", err);
+  if (!m) return;
+  Params P = params_create(&c, 0.02);
+  int32_t *tok = xcalloc(B * T, sizeof(int32_t)), *tgt = xcalloc(B * T, sizeof(int32_t));
+  for (int i = 0; i < B * T; i++) tok[i] = rng_int(259), tgt[i] = rng_int(259);
+  int64_t nt;
+  l4_forward_backward(m, P.pf, P.gf, tok, tgt, B, T, &nt); /* warm up */
+  int reps = 5;
+  double t0 = now(), loss = 0;
+  for (int r = 0; r < reps; r++) loss = l4_forward_backward(m, P.pf, P.gf, tok, tgt, B, T, &nt);
+  double dt = (now() - t0) / reps;
+  double t1 = now();
+  for (int r = 0; r < reps; r++) l4_forward(m, P.pf, tok, tgt, B, T, &nt);
+  double df = (now() - t1) / reps;
+  printf("timing: D=64 L=4 E=16 H=64 V=259 B=%d T=%d (%lld params, %.1f MiB workspace): "
+         "forward+backward %.2f ms (%.0f tokens/s), forward %.2f ms, loss/token %.4f\n",
+         B, T, (long long)l4_param_count(&c), l4_workspace_bytes(m) / 1048576.0, dt * 1e3,
+         B * T / dt, df * 1e3, loss / nt);
+  free(tok), free(tgt);
+  params_free(&P);
+  l4_free(m);
+}
+
+int main(void) {
+  Batches bb;
+  batches_make(&bb, small_config().vocab_size);
+  grad_check("plain rows", &bb.plain);
+  grad_check("packed rows", &bb.packed);
+  forward_check(&bb);
+  contract_checks(&bb);
+  timing();
+  if (failures) {
+    printf("test_llama4: %d check(s) FAILED\n", failures);
+    return 1;
+  }
+  printf("test_llama4: all checks passed\n");
+  return 0;
+}
