@@ -5,9 +5,9 @@
  *   float, one rounding per op, no contraction into fused multiply-adds
  *   (the build passes -ffp-contract=off). Arithmetic on bf16 or f16 values
  *   computes in f32 and rounds the result to nearest even.
- * - A reduction sums (or maxes) each chunk in f64, element by element, then
- *   the chunk partials in chunk order: per tensor for tensor scope, over the
- *   whole group for step scope.
+ * - A reduction sums (or maxes) each chunk in f64 in 8 lanes (element j into
+ *   lane j % 8, as numerics.h defines), then the chunk partials in chunk
+ *   order: per tensor for tensor scope, over the whole group for step scope.
  * - Values are evaluated in stages: stage 0 needs no reduction; a value that
  *   reads a reduction of stage-s values is in stage s+1. The interpreter
  *   sweeps the elements once per stage, recomputing what it needs from the
@@ -345,7 +345,9 @@ static void sweep(Interp *in, int s, Ref r, bool final) {
   for (int64_t c = 0; c < l->nchunks; c++) {
     const Chunk *ch = &l->chunks[c];
     RedKind rk = r != NOREF ? (RedKind)g->ins[r].red : RED_SUM;
-    double acc = red_init(rk);
+    double lanes[OPTC_REDUCE_LANES];
+    for (int k = 0; k < OPTC_REDUCE_LANES; k++)
+      lanes[k] = red_init(rk);
     for (int64_t e = 0; e < ch->len; e++) {
       Where w = {ch->tensor, ch->start + e, ch->flat + e};
       for (int i = 0; i < g->nins; i++) {
@@ -363,11 +365,12 @@ static void sweep(Interp *in, int s, Ref r, bool final) {
       if (r != NOREF) {
         Ref a = g->ins[r].args[0];
         double v = as_f64(operand(in, a, w.tensor), (Type)g->ins[a].type);
-        acc = red_combine(rk, acc, red_term(rk, v));
+        double *lane = &lanes[e % OPTC_REDUCE_LANES];
+        *lane = red_combine(rk, *lane, red_term(rk, v));
       }
     }
     if (r != NOREF)
-      in->part[c] = acc;
+      in->part[c] = optc_lanes_combine(lanes, rk == RED_MAX || rk == RED_ABSMAX);
   }
 }
 

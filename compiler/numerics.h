@@ -34,6 +34,12 @@
  * start on a multiple of it, so the result is the same for any world size
  * and any thread count. */
 #define OPTC_REDUCE_BLOCK 4096
+/* Within a chunk, element j is summed into lane j % OPTC_REDUCE_LANES, each
+ * lane in element order, in f64; the chunk's partial is then the lanes
+ * combined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)). Independent lanes let a
+ * CPU keep them in one vector register (and a GPU in eight threads); the
+ * fixed combine keeps every backend's bits the same. */
+#define OPTC_REDUCE_LANES 8
 /* Each tensor starts at a multiple of this many elements in a flat buffer:
  * 64 bytes of f32, so vector loads are aligned. */
 #define OPTC_TENSOR_ALIGN 16
@@ -56,6 +62,16 @@ OPTC_FN float optc_bits_f32(uint32_t u) {
   memcpy(&f, &u, 4);
   return f;
 #endif
+}
+
+OPTC_FN double optc_max_nan(double a, double b) { return a != a ? a : b != b ? b : (a < b ? b : a); }
+
+/* The chunk partial from its lanes: sums (is_max 0) or maxima (is_max 1). */
+OPTC_FN double optc_lanes_combine(const double *l, int is_max) {
+  if (is_max)
+    return optc_max_nan(optc_max_nan(optc_max_nan(l[0], l[1]), optc_max_nan(l[2], l[3])),
+                        optc_max_nan(optc_max_nan(l[4], l[5]), optc_max_nan(l[6], l[7])));
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
 /* ---- bf16 ---------------------------------------------------------------- */

@@ -304,18 +304,22 @@ static void run_reduce(Eager *e, Ref r, int tensor) {
     const Chunk *ch = &l->chunks[c];
     int64_t off = ch->flat - l->offset[tensor];
     Operand o = operand(e, a, off);
-    double acc = k == RED_SUM || k == RED_SUMSQ ? 0.0 : -INFINITY;
+    bool is_max = k == RED_MAX || k == RED_ABSMAX;
+    double lanes[OPTC_REDUCE_LANES];
+    for (int j = 0; j < OPTC_REDUCE_LANES; j++)
+      lanes[j] = is_max ? -INFINITY : 0.0;
     for (int64_t j = 0; j < ch->len; j++) {
       double v = interp_scalar_to_double(at(o, j), t);
+      double *acc = &lanes[j % OPTC_REDUCE_LANES];
       switch (k) {
-      case RED_SUM: acc += v; break;
-      case RED_SUMSQ: acc += v * v; break;
-      case RED_MAX: acc = acc != acc ? acc : v != v ? v : (acc < v ? v : acc); break;
-      case RED_ABSMAX: v = fabs(v); acc = acc != acc ? acc : v != v ? v : (acc < v ? v : acc); break;
+      case RED_SUM: *acc += v; break;
+      case RED_SUMSQ: *acc += v * v; break;
+      case RED_MAX: *acc = optc_max_nan(*acc, v); break;
+      case RED_ABSMAX: *acc = optc_max_nan(*acc, fabs(v)); break;
       default: unreachable();
       }
     }
-    e->part[c] = acc;
+    e->part[c] = optc_lanes_combine(lanes, is_max);
   }
 }
 
