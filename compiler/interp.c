@@ -512,3 +512,21 @@ bool interp_fold(const Graph *g, Ref i, double *out) {
   *out = type_is_float((Type)x->type) ? as_f64(v, (Type)x->type) : (double)v.i;
   return true;
 }
+
+void interp_eval_steps(const Graph *g, Ref lo, Ref hi, const double *inputs, Scalar *step) {
+  for (Ref i = lo; i < hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->scope != SCOPE_STEP || x->op == OP_REDUCE || x->op == OP_STORE)
+      continue;
+    if (x->op == OP_CONST || x->op == OP_OPTION)
+      step[i] = imm_value(x);
+    else if (x->op == OP_INPUT)
+      step[i] = interp_scalar_from_double(inputs ? inputs[i] : x->imm, (Type)x->type);
+    else {
+      Scalar a[3] = {{0}};
+      for (int k = 0; k < op_info[x->op].nargs; k++)
+        a[k] = step[x->args[k]];
+      step[i] = interp_apply(g, i, a, 0, 0);
+    }
+  }
+}

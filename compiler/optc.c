@@ -50,6 +50,8 @@ static const char usage_exec[] =
     "  --steps N            steps to run with the same grads (default 1)\n"
     "  --backend NAME       interp: the reference interpreter (the default)\n"
     "                       eager: the front end's graph op by op, as torch eager\n"
+    "                       cpu: the compiled step (LLVM), multithreaded\n"
+    "  --threads N          threads for --backend cpu (default: the cores available)\n"
     "  --set NAME=VALUE     a runtime input (lr, num_tokens, world_size, max_norm, ...)\n"
     "                       or, for an .optir CONFIG, an option (amsgrad=true)\n"
     "  KEY=VALUE            override a recipe key (optimizer.lr=1e-4)\n"
@@ -243,6 +245,9 @@ static int cmd_exec(int argc, char **argv) {
   bool have_group = false;
   double *vals = NULL;
   void *grads0 = NULL;
+  Executor ex;
+  bool have_ex = false;
+  int threads = 0;
   Binding *input_sets = NULL; /* for an .optir CONFIG: the --sets that are not options */
   int ninput_sets = 0;
   for (int i = 0; i < argc; i++) {
@@ -275,7 +280,15 @@ static int cmd_exec(int argc, char **argv) {
     } else if (FLAG("--backend")) {
       const char *s = TAKE();
       if (!s || !backend_from_name(s, &backend)) {
-        error("unknown --backend '%s'; expected one of: interp, eager, cpu, cuda", s ? s : "");
+        error("unknown --backend '%s'; expected one of: interp, eager, cpu", s ? s : "");
+        goto done;
+      }
+    } else if (FLAG("--threads")) {
+      const char *s = TAKE();
+      char *end;
+      threads = s ? (int)strtol(s, &end, 10) : 0;
+      if (!s || *end || threads < 1 || threads > 1024) {
+        error("--threads needs a whole number from 1 to 1024");
         goto done;
       }
     } else if (FLAG("--set")) {
@@ -341,8 +354,10 @@ static int cmd_exec(int argc, char **argv) {
   Graph *unopt = g ? graph_clone(g, arena) : NULL;
   if (!g || !pipeline_run(g, &(PipelineOptions){0}))
     goto done;
-  if (backend == BACKEND_EAGER)
-    g = unopt;
+  if (executor_init(&ex, backend, g, unopt, threads, NULL) != 0)
+    goto done;
+  have_ex = true;
+  g = (Graph *)ex.g;
   vals = calloc((size_t)g->nins + 1, sizeof(double));
   Binding first_step = {"step", 1.0};
   if (inputs_resolve(g, input_sets ? input_sets : sets, input_sets ? ninput_sets : nsets, &first_step, 1, vals) != 0)
@@ -376,7 +391,7 @@ static int cmd_exec(int argc, char **argv) {
       vals[step_ref] = pg.step + 1;
     StepArgs args = {.inputs = vals, .grads_finite = finite};
     StepResult res;
-    if (group_step(&pg, backend, &args, &res) != 0)
+    if (executor_step(&ex, &pg, &args, &res) != 0)
       goto done;
     if (res.skipped) {
       if (nonfinite == NONFINITE_ERROR) {
@@ -405,6 +420,8 @@ static int cmd_exec(int argc, char **argv) {
 done:
   if (have_group)
     group_free(&pg);
+  if (have_ex)
+    executor_free(&ex);
   tf_free(&in);
   tf_free(&out);
   for (int k = 0; k < nsets; k++)

@@ -75,6 +75,9 @@ bool interp_fold(const Graph *g, Ref i, double *out);
  * faster loop of their own, so they agree with the interpreter by
  * construction. */
 Scalar interp_apply(const Graph *g, Ref i, const Scalar *args, int tensor, int64_t index);
+/* Evaluates the step-scope values among instructions [lo, hi) into
+ * step[], in order: what the host computes between phases (^stepK). */
+void interp_eval_steps(const Graph *g, Ref lo, Ref hi, const double *inputs, Scalar *step);
 /* A double (a constant, an input) as a value of type t, and back. */
 Scalar interp_scalar_from_double(double d, Type t);
 double interp_scalar_to_double(Scalar v, Type t);

@@ -340,14 +340,40 @@ void group_free(ParamGroup *pg) {
   memset(pg, 0, sizeof *pg);
 }
 
-int group_step(ParamGroup *pg, Backend b, const StepArgs *args, StepResult *res) {
+int executor_init(Executor *x, Backend b, const Graph *optimized, const Graph *unoptimized, int threads,
+                  const CpuTarget *target) {
+  memset(x, 0, sizeof *x);
+  x->backend = b;
+  x->g = b == BACKEND_EAGER ? unoptimized : optimized;
   switch (b) {
-  case BACKEND_INTERP: return interp_step(pg->g, &pg->layout, pg->bufs, args, res);
-  case BACKEND_EAGER: return eager_step(pg->g, &pg->layout, pg->bufs, args, res);
+  case BACKEND_INTERP:
+  case BACKEND_EAGER: return 0;
+  case BACKEND_CPU:
+    x->cpu = cpu_compile(optimized, target, &x->times);
+    if (!x->cpu)
+      return -1;
+    x->pool = pool_create(threads);
+    return 0;
   default:
     error("backend '%s' is not available in this build", backend_names[b]);
     return -1;
   }
+}
+
+int executor_step(Executor *x, ParamGroup *pg, const StepArgs *args, StepResult *res) {
+  ASSERT(pg->g == x->g);
+  switch (x->backend) {
+  case BACKEND_INTERP: return interp_step(pg->g, &pg->layout, pg->bufs, args, res);
+  case BACKEND_EAGER: return eager_step(pg->g, &pg->layout, pg->bufs, args, res);
+  case BACKEND_CPU: return cpu_step(x->cpu, x->pool, pg->g, &pg->layout, pg->bufs, args, res);
+  default: unreachable();
+  }
+}
+
+void executor_free(Executor *x) {
+  cpu_program_free(x->cpu);
+  pool_free(x->pool);
+  memset(x, 0, sizeof *x);
 }
 
 /* ---- inputs ------------------------------------------------------------------- */

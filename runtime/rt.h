@@ -1,6 +1,7 @@
 /* rt.h: the runtime. Parameter groups in flat buffers, the executors that
  * run a compiled step over them, and the commands built on both. */
 #pragma once
+#include "../compiler/codegen.h"
 #include "../compiler/frontend.h"
 #include "../compiler/plan.h"
 #include "tensor.h"
@@ -36,8 +37,38 @@ int group_from_file(ParamGroup *pg, const Graph *g, const TensorFile *tf, const 
 int group_to_file(const ParamGroup *pg, const TensorFile *in, TensorFile *out);
 void group_free(ParamGroup *pg);
 
-/* Runs one step of the group's graph with a backend. */
-int group_step(ParamGroup *pg, Backend b, const StepArgs *args, StepResult *res);
+/* ---- exec_cpu.c: compiled steps on the CPU -------------------------------------------- */
+typedef struct ThreadPool ThreadPool;
+/* n threads, the caller's included; n < 1: one per core available. */
+ThreadPool *pool_create(int n);
+int pool_size(const ThreadPool *p);
+int pool_default_threads(void);
+/* Calls fn on contiguous parts of [0, total), one per thread, and waits. */
+void pool_run(ThreadPool *p, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx, int64_t total);
+void pool_free(ThreadPool *p);
+/* One step of a planned graph: each phase over every chunk, the step values
+ * and reductions folded between phases on the host. */
+int cpu_step(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLayout *l, void *const *bufs,
+             const StepArgs *args, StepResult *res);
+
+/* ---- group.c: executors ---------------------------------------------------------------
+ * What runs a group's steps: a backend with its compiled program. The
+ * interpreter and the cpu backend run the optimized graph; eager runs the
+ * graph as the front end built it. */
+typedef struct {
+  Backend backend;
+  const Graph *g;        /* the graph this executor runs */
+  CpuProgram *cpu;
+  ThreadPool *pool;
+  CompileTimes times;
+} Executor;
+
+/* `optimized` has been through the pipeline; `unoptimized` is the front
+ * end's graph (eager runs it). threads < 1: one per core. */
+int executor_init(Executor *x, Backend b, const Graph *optimized, const Graph *unoptimized, int threads,
+                  const CpuTarget *target);
+int executor_step(Executor *x, ParamGroup *pg, const StepArgs *args, StepResult *res);
+void executor_free(Executor *x);
 
 /* ---- eager.c: torch eager's way of running a step ------------------------------------
  * The unoptimized graph, one op at a time over one tensor at a time, every

@@ -1,0 +1,274 @@
+/* jit.c: the CPU backend's driver. Builds the module (emit_llvm.c), runs
+ * default<O3> for the target CPU's name and features, emits an object,
+ * caches it on disk, and links it with LLJIT.
+ *
+ * The object, not the IR, is what the cache keeps and what LLJIT links, so
+ * a cache hit costs one link: no IR is built or optimized. */
+#include "llvm_emit.h"
+
+#include <llvm-c/Error.h>
+#include <llvm-c/LLJIT.h>
+#include <llvm-c/Orc.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+#include <llvm/Config/llvm-config.h>
+#include <string.h>
+
+struct CpuProgram {
+  LLVMOrcLLJITRef jit;
+  int nphases;
+  PhaseFn *phase;
+};
+
+static int ncompiles;
+
+int cpu_compile_count(void) { return ncompiles; }
+bool cpu_backend_available(void) { return true; }
+
+static void llvm_init(void) {
+  static bool done;
+  if (done)
+    return;
+  LLVMInitializeNativeTarget();
+  LLVMInitializeNativeAsmPrinter();
+  done = true;
+}
+
+/* Prints an LLVM error with where it came from, and consumes it. */
+static bool llvm_failed(LLVMErrorRef err, const char *what) {
+  if (!err)
+    return false;
+  char *msg = LLVMGetErrorMessage(err);
+  error("LLVM: %s: %s", what, msg);
+  LLVMDisposeErrorMessage(msg);
+  return true;
+}
+
+typedef struct {
+  char *triple, *cpu, *features;
+} Target;
+
+static void target_init(Target *t, const CpuTarget *ct) {
+  t->triple = LLVMGetDefaultTargetTriple();
+  t->cpu = ct && ct->cpu ? LLVMCreateMessage(ct->cpu) : LLVMGetHostCPUName();
+  t->features = ct && ct->features ? LLVMCreateMessage(ct->features)
+                : ct && ct->cpu     ? LLVMCreateMessage("")
+                                    : LLVMGetHostCPUFeatures();
+}
+
+static void target_free(Target *t) {
+  LLVMDisposeMessage(t->triple);
+  LLVMDisposeMessage(t->cpu);
+  LLVMDisposeMessage(t->features);
+}
+
+static LLVMTargetMachineRef make_tm(const Target *t) {
+  char *err = NULL;
+  LLVMTargetRef target;
+  if (LLVMGetTargetFromTriple(t->triple, &target, &err)) {
+    error("LLVM: no target for %s: %s", t->triple, err);
+    LLVMDisposeMessage(err);
+    return NULL;
+  }
+  return LLVMCreateTargetMachine(target, t->triple, t->cpu, t->features, LLVMCodeGenLevelAggressive, LLVMRelocPIC,
+                                 LLVMCodeModelDefault);
+}
+
+/* Builds the module; with `optimize`, runs default<O3> on it. */
+static LLVMModuleRef build(const Graph *g, LLVMContextRef c, LLVMTargetMachineRef tm, const Target *t, bool optimize,
+                           CompileTimes *times) {
+  double t0 = now_seconds();
+  LLVMModuleRef m = llvm_emit_module(g, c);
+  LLVMSetTarget(m, t->triple);
+  LLVMTargetDataRef dl = LLVMCreateTargetDataLayout(tm);
+  char *dls = LLVMCopyStringRepOfTargetData(dl);
+  LLVMSetDataLayout(m, dls);
+  LLVMDisposeMessage(dls);
+  LLVMDisposeTargetData(dl);
+  /* every function: this CPU's name and features, so O3 sees its vectors */
+  for (LLVMValueRef f = LLVMGetFirstFunction(m); f; f = LLVMGetNextFunction(f)) {
+    if (LLVMIsDeclaration(f))
+      continue;
+    LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex,
+                            LLVMCreateStringAttribute(c, "target-cpu", 10, t->cpu, (unsigned)strlen(t->cpu)));
+    if (*t->features)
+      LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex,
+                              LLVMCreateStringAttribute(c, "target-features", 15, t->features,
+                                                        (unsigned)strlen(t->features)));
+  }
+  double t1 = now_seconds();
+  if (times)
+    times->build += (t1 - t0) * 1e3;
+  if (optimize) {
+    LLVMPassBuilderOptionsRef opts = LLVMCreatePassBuilderOptions();
+    LLVMErrorRef err = LLVMRunPasses(m, "default<O3>", tm, opts);
+    LLVMDisposePassBuilderOptions(opts);
+    if (llvm_failed(err, "default<O3>")) {
+      LLVMDisposeModule(m);
+      return NULL;
+    }
+    if (times)
+      times->opt += (now_seconds() - t1) * 1e3;
+  }
+  return m;
+}
+
+/* The cache key: everything the object depends on. */
+static char *cache_key(const Graph *g, const Target *t) {
+  Buf k = {0};
+  buf_printf(&k, "optc %s cpu-object llvm %s\ntriple %s\ncpu %s\nfeatures %s\n", OPTC_VERSION, LLVM_VERSION_STRING,
+             t->triple, t->cpu, t->features);
+  ir_print(g, &k);
+  return k.data;
+}
+
+CpuProgram *cpu_compile(const Graph *g, const CpuTarget *ct, CompileTimes *times) {
+  llvm_init();
+  if (!g->plan) {
+    error("cpu backend: the graph has no plan (run the pass pipeline first)");
+    return NULL;
+  }
+  Target t;
+  target_init(&t, ct);
+  CpuProgram *p = NULL;
+  char *key = cache_key(g, &t);
+  void *obj = NULL;
+  size_t objlen = 0;
+  bool use_cache = !(ct && ct->no_cache);
+  bool hit = use_cache && cache_get("cpu", key, &obj, &objlen);
+  if (times)
+    times->cache_hit = hit;
+  if (!hit) {
+    LLVMTargetMachineRef tm = make_tm(&t);
+    if (!tm)
+      goto out;
+    LLVMContextRef c = LLVMContextCreate();
+    LLVMModuleRef m = build(g, c, tm, &t, true, times);
+    if (!m) {
+      LLVMContextDispose(c);
+      LLVMDisposeTargetMachine(tm);
+      goto out;
+    }
+    double t0 = now_seconds();
+    char *err = NULL;
+    LLVMMemoryBufferRef mb;
+    if (LLVMTargetMachineEmitToMemoryBuffer(tm, m, LLVMObjectFile, &err, &mb)) {
+      error("LLVM: object emission failed: %s", err);
+      LLVMDisposeMessage(err);
+      LLVMDisposeModule(m);
+      LLVMContextDispose(c);
+      LLVMDisposeTargetMachine(tm);
+      goto out;
+    }
+    objlen = LLVMGetBufferSize(mb);
+    obj = malloc(objlen + 1);
+    ASSERT(obj);
+    memcpy(obj, LLVMGetBufferStart(mb), objlen);
+    LLVMDisposeMemoryBuffer(mb);
+    LLVMDisposeModule(m);
+    LLVMContextDispose(c);
+    LLVMDisposeTargetMachine(tm);
+    if (times)
+      times->codegen += (now_seconds() - t0) * 1e3;
+    if (use_cache)
+      cache_put("cpu", key, obj, objlen);
+    ncompiles++;
+  }
+  /* link */
+  double t0 = now_seconds();
+  p = calloc(1, sizeof(CpuProgram));
+  ASSERT(p);
+  p->nphases = g->plan->nphases;
+  p->phase = calloc((size_t)p->nphases + 1, sizeof(PhaseFn));
+  LLVMOrcLLJITBuilderRef jb = LLVMOrcCreateLLJITBuilder();
+  if (llvm_failed(LLVMOrcCreateLLJIT(&p->jit, jb), "creating LLJIT"))
+    goto fail;
+  /* the kernels may call libm (pow, exp, log at element scope) */
+  LLVMOrcDefinitionGeneratorRef gen;
+  if (llvm_failed(LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(p->jit), NULL,
+                                                                        NULL),
+                  "process symbols"))
+    goto fail;
+  LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(p->jit), gen);
+  LLVMMemoryBufferRef mb = LLVMCreateMemoryBufferWithMemoryRangeCopy(obj, objlen, "optc.o");
+  if (llvm_failed(LLVMOrcLLJITAddObjectFile(p->jit, LLVMOrcLLJITGetMainJITDylib(p->jit), mb), "linking the object"))
+    goto fail;
+  for (int k = 0; k < p->nphases; k++) {
+    char name[32];
+    snprintf(name, sizeof name, "optc_phase%d", k);
+    LLVMOrcExecutorAddress addr;
+    if (llvm_failed(LLVMOrcLLJITLookup(p->jit, &addr, name), name))
+      goto fail;
+    p->phase[k] = (PhaseFn)(uintptr_t)addr;
+  }
+  if (times)
+    times->link += (now_seconds() - t0) * 1e3;
+  goto out;
+fail:
+  cpu_program_free(p);
+  p = NULL;
+out:
+  free(obj);
+  free(key);
+  target_free(&t);
+  return p;
+}
+
+PhaseFn cpu_program_phase(const CpuProgram *p, int k) { return k < p->nphases ? p->phase[k] : NULL; }
+
+void cpu_program_free(CpuProgram *p) {
+  if (!p)
+    return;
+  if (p->jit)
+    llvm_failed(LLVMOrcDisposeLLJIT(p->jit), "disposing LLJIT");
+  free(p->phase);
+  free(p);
+}
+
+static int emit_text(const Graph *g, const CpuTarget *ct, bool optimize, bool assembly, Buf *out) {
+  llvm_init();
+  if (!g->plan) {
+    error("cpu backend: the graph has no plan");
+    return -1;
+  }
+  Target t;
+  target_init(&t, ct);
+  int rc = -1;
+  LLVMTargetMachineRef tm = make_tm(&t);
+  if (!tm)
+    goto out;
+  LLVMContextRef c = LLVMContextCreate();
+  LLVMModuleRef m = build(g, c, tm, &t, optimize, NULL);
+  if (m) {
+    if (assembly) {
+      char *err = NULL;
+      LLVMMemoryBufferRef mb;
+      if (LLVMTargetMachineEmitToMemoryBuffer(tm, m, LLVMAssemblyFile, &err, &mb)) {
+        error("LLVM: assembly emission failed: %s", err);
+        LLVMDisposeMessage(err);
+      } else {
+        buf_put(out, LLVMGetBufferStart(mb), LLVMGetBufferSize(mb));
+        LLVMDisposeMemoryBuffer(mb);
+        rc = 0;
+      }
+    } else {
+      char *s = LLVMPrintModuleToString(m);
+      buf_puts(out, s);
+      LLVMDisposeMessage(s);
+      rc = 0;
+    }
+    LLVMDisposeModule(m);
+  }
+  LLVMContextDispose(c);
+  LLVMDisposeTargetMachine(tm);
+out:
+  target_free(&t);
+  return rc;
+}
+
+int cpu_emit_llvm(const Graph *g, const CpuTarget *t, bool optimized, Buf *out) {
+  return emit_text(g, t, optimized, false, out);
+}
+
+int cpu_emit_asm(const Graph *g, const CpuTarget *t, Buf *out) { return emit_text(g, t, true, true, out); }

@@ -1,0 +1,9 @@
+/* llvm_emit.h: between the two files of the CPU backend (emit_llvm.c builds
+ * the module, jit.c optimizes, caches and links it). */
+#pragma once
+#include "codegen.h"
+
+#include <llvm-c/Core.h>
+
+/* The module of a planned graph: one function optc_phaseK per phase. */
+LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c);
