@@ -20,6 +20,7 @@
 #include <string.h>
 
 enum { W = 16 };
+_Static_assert(OPTC_TENSOR_ALIGN % W == 0, "a tensor's last vector must stay inside its padding");
 
 typedef struct {
   LLVMContextRef c;
@@ -412,33 +413,29 @@ static LLVMValueRef elem_addr(E *e, int buf) {
   return LLVMBuildGEP2(e->b, et, e->bufptr[buf], &e->j, 1, "");
 }
 
+/* Loads are always whole vectors: a tensor's last vector reaches only into
+ * the padding before the next tensor (tensors start on OPTC_TENSOR_ALIGN,
+ * a multiple of W) or at the end of the flat buffer (padded to it). */
 static LLVMValueRef load_vec(E *e, int buf) {
   Type t = (Type)e->g->bufs[buf].type;
-  LLVMTypeRef vt = vtype(e, t);
-  LLVMValueRef p = elem_addr(e, buf);
-  unsigned align = (unsigned)type_size(t);
-  if (!e->mask) {
-    LLVMValueRef v = LLVMBuildLoad2(e->b, vt, p, "");
-    LLVMSetAlignment(v, align);
-    return v;
-  }
-  LLVMTypeRef over[2] = {vt, e->tptr};
-  LLVMValueRef args[4] = {p, LLVMConstInt(e->ti32, align, 0), e->mask, LLVMConstNull(vt)};
-  return call_intrinsic(e, "llvm.masked.load", over, 2, args, 4);
+  LLVMValueRef v = LLVMBuildLoad2(e->b, vtype(e, t), elem_addr(e, buf), "");
+  LLVMSetAlignment(v, (unsigned)type_size(t));
+  return v;
 }
 
+/* In the tail, the lanes past the chunk keep their bytes: the new vector is
+ * blended into what is there, so padding is never written. */
 static void store_vec(E *e, int buf, LLVMValueRef v) {
   Type t = (Type)e->g->bufs[buf].type;
   LLVMValueRef p = elem_addr(e, buf);
   unsigned align = (unsigned)type_size(t);
-  if (!e->mask) {
-    LLVMValueRef s = LLVMBuildStore(e->b, v, p);
-    LLVMSetAlignment(s, align);
-    return;
+  if (e->mask) {
+    LLVMValueRef old = LLVMBuildLoad2(e->b, vtype(e, t), p, "");
+    LLVMSetAlignment(old, align);
+    v = LLVMBuildSelect(e->b, e->mask, v, old, "");
   }
-  LLVMTypeRef over[2] = {LLVMTypeOf(v), e->tptr};
-  LLVMValueRef args[4] = {v, p, LLVMConstInt(e->ti32, align, 0), e->mask};
-  call_intrinsic(e, "llvm.masked.store", over, 2, args, 4);
+  LLVMValueRef s = LLVMBuildStore(e->b, v, p);
+  LLVMSetAlignment(s, align);
 }
 
 static bool red_is_max(RedKind k) { return k == RED_MAX || k == RED_ABSMAX; }

@@ -102,6 +102,9 @@ static LLVMModuleRef build(const Graph *g, LLVMContextRef c, LLVMTargetMachineRe
     times->build += (t1 - t0) * 1e3;
   if (optimize) {
     LLVMPassBuilderOptionsRef opts = LLVMCreatePassBuilderOptions();
+    /* The element loop is already 16 lanes wide and memory-bound: unrolling
+     * it again only doubles the code to select instructions for. */
+    LLVMPassBuilderOptionsSetLoopUnrolling(opts, 0);
     LLVMErrorRef err = LLVMRunPasses(m, "default<O3>", tm, opts);
     LLVMDisposePassBuilderOptions(opts);
     if (llvm_failed(err, "default<O3>")) {

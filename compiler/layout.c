@@ -18,8 +18,9 @@ void layout_init(GroupLayout *l, int n, const int64_t *numel) {
     l->offset[t] = at;
     at += numel[t];
   }
-  l->total = at;
-  layout_restrict(l, 0, at);
+  /* padded, so that a whole vector at any tensor's end stays inside */
+  l->total = align_up(at, OPTC_TENSOR_ALIGN);
+  layout_restrict(l, 0, l->total);
 }
 
 void layout_restrict(GroupLayout *l, int64_t lo, int64_t hi) {

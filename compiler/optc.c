@@ -69,6 +69,11 @@ static const char usage_compile[] =
     "  --dump-ir=all         print it before the passes and after each pass,\n"
     "                        each under a '// ----- IR Dump ... -----' header\n"
     "  --dump-ir=after-PASS  print it after PASS (see the list below)\n"
+    "  --emit=llvm           the CPU backend's LLVM IR, before and after default<O3>\n"
+    "  --emit=asm            the CPU backend's assembly\n"
+    "  --target=cpu          the backend --emit and --time compile for (cpu is the default)\n"
+    "  --cpu=NAME            compile for this CPU (e.g. skylake-avx512) instead of the host\n"
+    "  --time                compile for the target and print the time of each stage\n"
     "  --emit=plan           print the phase plan: per phase, the buffers read and\n"
     "                        written, the reductions, and bytes moved per element\n"
     "  --json                with --emit=plan: as JSON\n"
@@ -119,7 +124,8 @@ static int write_buf(FILE *f, void *ctx) {
 static int cmd_compile(int argc, char **argv) {
   const char *config = NULL, *emit = NULL, *out_path = NULL;
   PipelineOptions po = {0};
-  bool dump = false, json = false, eager = false;
+  bool dump = false, json = false, eager = false, timing = false;
+  CpuTarget target = {0};
   const char **overrides = calloc((size_t)argc + 1, sizeof(char *));
   int nov = 0;
   for (int i = 0; i < argc; i++) {
@@ -149,11 +155,22 @@ static int cmd_compile(int argc, char **argv) {
       }
     } else if (!strncmp(a, "--emit=", 7) || !strcmp(a, "--emit")) {
       emit = a[6] == '=' ? a + 7 : (i + 1 < argc ? argv[++i] : "");
-      if (strcmp(emit, "ir") != 0 && strcmp(emit, "plan") != 0) {
-        error("unknown --emit value '%s'; expected ir or plan", emit);
+      if (strcmp(emit, "ir") && strcmp(emit, "plan") && strcmp(emit, "llvm") && strcmp(emit, "asm")) {
+        error("unknown --emit value '%s'; expected ir, plan, llvm or asm", emit);
         free(overrides);
         return 2;
       }
+    } else if (!strncmp(a, "--target", 8) && (a[8] == '=' || a[8] == 0)) {
+      const char *t = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : "");
+      if (strcmp(t, "cpu") != 0) {
+        error("unknown --target '%s'; expected cpu", t);
+        free(overrides);
+        return 2;
+      }
+    } else if (!strncmp(a, "--cpu", 5) && (a[5] == '=' || a[5] == 0)) {
+      target.cpu = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : "");
+    } else if (!strcmp(a, "--time")) {
+      timing = true;
     } else if (!strcmp(a, "--json")) {
       json = true;
     } else if (!strcmp(a, "--eager")) {
@@ -198,18 +215,62 @@ static int cmd_compile(int argc, char **argv) {
     out.f = stdout;
   }
   po.dump = dump ? out.f : NULL;
+  CompileTimes times = {0};
+  double t0 = now_seconds();
   Graph *g = load_config(config, overrides, nov, arena);
-  if (g && !strcmp(config + (strlen(config) > 6 ? strlen(config) - 6 : 0), ".optir") && emit &&
-      !strcmp(emit, "plan"))
-    g = optir_specialize(g, NULL, 0, arena); /* options take their defaults */
   bool plan = emit && !strcmp(emit, "plan");
-  if (g && emit && !plan && !dump)
+  bool codegen = emit && (!strcmp(emit, "llvm") || !strcmp(emit, "asm"));
+  if (g && !ends_with(config, ".yaml") && !ends_with(config, ".yml") && (plan || codegen || timing))
+    g = optir_specialize(g, NULL, 0, arena); /* options take their defaults */
+  times.frontend = (now_seconds() - t0) * 1e3;
+  if (g && emit && !plan && !codegen && !dump)
     ir_print_file(g, out.f);
   double eager_bytes = -1;
   if (g && eager)
     eager_bytes = eager_traffic(g);
-  if (g && pipeline_run(g, &po)) {
+  t0 = now_seconds();
+  bool passed = g && pipeline_run(g, &po);
+  times.passes = (now_seconds() - t0) * 1e3;
+  if (passed) {
     rc = 0;
+    if (codegen) {
+      Buf b = {0};
+      if (!strcmp(emit, "asm")) {
+        rc = cpu_emit_asm(g, &target, &b) ? 1 : 0;
+      } else {
+        buf_puts(&b, "; ----- LLVM IR before default<O3> -----\n");
+        rc = cpu_emit_llvm(g, &target, false, &b) ? 1 : 0;
+        buf_puts(&b, "; ----- LLVM IR after default<O3> -----\n");
+        rc |= cpu_emit_llvm(g, &target, true, &b) ? 1 : 0;
+      }
+      if (b.data)
+        fputs(b.data, out.f);
+      buf_free(&b);
+    }
+    if (timing) {
+      CpuTarget tt = target;
+      tt.no_cache = true; /* time the whole compile; a second, cached compile is timed next */
+      CpuProgram *prog = cpu_compile(g, &tt, &times);
+      CompileTimes cached = {0};
+      CpuProgram *again = prog ? cpu_compile(g, &target, &cached) : NULL;
+      if (!prog)
+        rc = 1;
+      else {
+        double total = times.frontend + times.passes + times.build + times.opt + times.codegen + times.link;
+        fprintf(out.f,
+                "compile %s for %s: %d phase%s\n"
+                "  front end   %8.2f ms\n  passes      %8.2f ms\n  LLVM build  %8.2f ms\n"
+                "  O3          %8.2f ms\n  codegen     %8.2f ms\n  JIT link    %8.2f ms\n"
+                "  total       %8.2f ms\n",
+                config, target.cpu ? target.cpu : "the host CPU", g->nphases, g->nphases == 1 ? "" : "s",
+                times.frontend, times.passes, times.build, times.opt, times.codegen, times.link, total);
+        if (again)
+          fprintf(out.f, "  warm (disk cache %s): %.2f ms to link\n", cached.cache_hit ? "hit" : "off",
+                  cached.link + cached.build + cached.opt + cached.codegen);
+      }
+      cpu_program_free(prog);
+      cpu_program_free(again);
+    }
     if (plan) {
       Buf b = {0};
       if (json)

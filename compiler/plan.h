@@ -22,7 +22,8 @@ typedef struct {
   int ntensors;
   int64_t *numel;  /* (ntensors) */
   int64_t *offset; /* (ntensors) flat index of each tensor's element 0 */
-  int64_t total;   /* flat length: the end of the last tensor */
+  int64_t total;   /* flat length: the end of the last tensor, padded to
+                      OPTC_TENSOR_ALIGN; flat buffers hold this many */
   Chunk *chunks;   /* the chunks inside [lo, hi) of the flat buffer */
   int64_t nchunks;
   int64_t lo, hi;

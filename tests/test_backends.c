@@ -1,0 +1,352 @@
+/* test_backends: the compiled CPU step gives the interpreter's bytes.
+ *
+ * - Every built-in optimizer (with its graph-changing options) x clipping on
+ *   and off x the three dtype layouts x stochastic rounding on and off (for
+ *   the bf16 layouts, where it applies), on one group that mixes tensors of
+ *   0, 1, 15, 16, 17 and 100003 elements with forty small ones, for two
+ *   steps, with 1, 2 and 3 threads: every byte of every buffer equals the
+ *   interpreter's.
+ * - The disk cache: a second compile is a hit and compiles nothing; a
+ *   truncated or corrupted entry is detected, rebuilt, and the program
+ *   still runs right.
+ * - 64-bit indexing, without 8 GB: a chunk whose flat index is past 2^31
+ *   and whose index within its tensor is past 2^32 (which the
+ *   stochastic-rounding hash reads), over buffers whose base pointers are
+ *   moved back by as much; the kernel and the interpreter must agree. */
+#include "../compiler/passes.h"
+#include "../runtime/rt.h"
+
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int failures, checks;
+
+#define CHECK(c, ...) \
+  do { \
+    checks++; \
+    if (!(c)) { \
+      failures++; \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__); \
+      printf("\n"); \
+    } \
+  } while (0)
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static double uniform(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return (double)(rng >> 11) / 9007199254740992.0;
+}
+static float normalf(void) {
+  double u = uniform() + 1e-300, v = uniform();
+  return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+static Graph *build(const char *yaml, Arena *a) {
+  char path[] = "/tmp/optc_backendsXXXXXX.yaml";
+  int fd = mkstemps(path, 5);
+  ASSERT(fd >= 0);
+  ASSERT(write(fd, yaml, strlen(yaml)) == (ssize_t)strlen(yaml));
+  close(fd);
+  Recipe *r = recipe_load(path, NULL, 0, a);
+  unlink(path);
+  return r ? frontend_build(r) : NULL;
+}
+
+static void fill(Tensor *t, float scale) {
+  for (int64_t i = 0; i < t->numel; i++) {
+    float v = normalf() * scale;
+    if (t->dtype == TY_BF16)
+      ((uint16_t *)t->data)[i] = optc_f32_to_bf16(v);
+    else
+      ((float *)t->data)[i] = v;
+  }
+}
+
+/* One group: the odd sizes, one large tensor, forty small ones. */
+static void make_tensors(TensorFile *tf, Type pt, Type gt) {
+  int64_t sizes[6 + 40] = {0, 1, 15, 16, 17, 100003};
+  for (int i = 0; i < 40; i++)
+    sizes[6 + i] = 1 + (i * 7) % 40;
+  for (int i = 0; i < 46; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "t%d", i);
+    fill(tf_add(tf, name, pt, 1, &sizes[i]), 1.0f);
+    snprintf(name, sizeof name, "t%d.grad", i);
+    fill(tf_add(tf, name, gt, 1, &sizes[i]), 0.3f);
+  }
+}
+
+static bool same_buffers(const Graph *g, const ParamGroup *a, const ParamGroup *b, const char *what) {
+  for (int k = 0; k < g->nbufs; k++) {
+    size_t bytes = (size_t)a->layout.total * (size_t)type_size(g->bufs[k].type);
+    if (memcmp(a->bufs[k], b->bufs[k], bytes) != 0) {
+      const char *pa = a->bufs[k], *pb = b->bufs[k];
+      size_t at = 0;
+      while (at < bytes && pa[at] == pb[at])
+        at++;
+      printf("  %s: @%s differs first at byte %zu (element %zu)\n", what, g->bufs[k].name, at,
+             at / (size_t)type_size(g->bufs[k].type));
+      return false;
+    }
+  }
+  return true;
+}
+
+static void matrix_case(const char *name, const char *opt, const char *layout, bool clip, bool sr) {
+  char yaml[1024];
+  snprintf(yaml, sizeof yaml, "%s%s%s%s", opt, layout, clip ? "clip_grad_norm: 0.5\n" : "",
+           sr ? "stochastic_rounding: true\nseed: 42\n" : "");
+  Arena *arena = arena_new();
+  Graph *g = build(yaml, arena);
+  CHECK(g, "%s: recipe", name);
+  if (!g || !pipeline_run(g, &(PipelineOptions){0})) {
+    arena_free(arena);
+    return;
+  }
+  Type pt = (Type)g->bufs[0].type, gt = (Type)g->bufs[1].type;
+  TensorFile tf = {0};
+  make_tensors(&tf, pt, gt);
+  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
+  Binding sets[] = {{"num_tokens", 7}};
+  Binding first = {"step", 1};
+  ASSERT(inputs_resolve(g, sets, 1, &first, 1, vals) == 0);
+  ParamGroup ref, run[3];
+  int finite;
+  ASSERT(group_from_file(&ref, g, &tf, vals, &finite) == 0);
+  for (int t = 0; t < 3; t++)
+    ASSERT(group_from_file(&run[t], g, &tf, vals, &finite) == 0);
+  CpuTarget target = {.no_cache = true};
+  CompileTimes times = {0};
+  CpuProgram *prog = cpu_compile(g, &target, &times);
+  CHECK(prog, "%s: compile", name);
+  ThreadPool *pools[3] = {pool_create(1), pool_create(2), pool_create(3)};
+  Ref sref = graph_find_input(g, "step");
+  bool ok = prog != NULL;
+  for (int step = 1; ok && step <= 2; step++) {
+    if (sref != NOREF)
+      vals[sref] = step;
+    StepArgs args = {vals, finite};
+    StepResult r0, r1;
+    interp_step(g, &ref.layout, ref.bufs, &args, &r0);
+    for (int t = 0; t < 3; t++) {
+      cpu_step(prog, pools[t], g, &run[t].layout, run[t].bufs, &args, &r1);
+      char what[160];
+      snprintf(what, sizeof what, "%s step %d, %d thread%s", name, step, t + 1, t ? "s" : "");
+      bool same = same_buffers(g, &ref, &run[t], what) && r0.nred == r1.nred &&
+                  (r0.nred == 0 || memcmp(r0.red, r1.red, sizeof(double) * (size_t)r0.nred) == 0);
+      CHECK(same, "%s: cpu differs from the interpreter", what);
+      ok &= same;
+    }
+  }
+  printf("%-40s %s (compile %.1f ms)\n", name, ok ? "identical" : "DIFFERENT",
+         times.build + times.opt + times.codegen + times.link);
+  for (int t = 0; t < 3; t++) {
+    pool_free(pools[t]);
+    group_free(&run[t]);
+  }
+  group_free(&ref);
+  cpu_program_free(prog);
+  free(vals);
+  tf_free(&tf);
+  arena_free(arena);
+}
+
+static void test_matrix(void) {
+  static const struct { const char *name, *yaml; } opts[] = {
+      {"adamw", "optimizer:\n  _component_: torch.optim.AdamW\n"},
+      {"adamw_amsgrad_maximize", "optimizer:\n  _component_: torch.optim.AdamW\n  amsgrad: true\n  maximize: true\n"},
+      {"adam_wd", "optimizer:\n  _component_: torch.optim.Adam\n  weight_decay: 0.1\n"},
+      {"sgd", "optimizer:\n  _component_: torch.optim.SGD\n  lr: 0.1\n"},
+      {"sgd_nesterov", "optimizer:\n  _component_: torch.optim.SGD\n  lr: 0.1\n  momentum: 0.9\n  nesterov: true\n"},
+      {"sgd_dampening_wd",
+       "optimizer:\n  _component_: torch.optim.SGD\n  lr: 0.1\n  momentum: 0.8\n  dampening: 0.3\n  weight_decay: 0.01\n"},
+      {"lion", "optimizer:\n  _component_: optc.Lion\n  weight_decay: 0.1\n"},
+      {"adagrad", "optimizer:\n  _component_: torch.optim.Adagrad\n  lr_decay: 0.01\n  initial_accumulator_value: 0.1\n"},
+      {"rmsprop", "optimizer:\n  _component_: torch.optim.RMSprop\n"},
+      {"rmsprop_centered_momentum",
+       "optimizer:\n  _component_: torch.optim.RMSprop\n  centered: true\n  momentum: 0.9\n  weight_decay: 0.01\n"},
+  };
+  static const struct { const char *name, *yaml; bool low; } layouts[] = {
+      {"fp32", "dtype: fp32\n", false},
+      {"bf16", "dtype: bf16\n", true},
+      {"bf16/fp32-states", "dtype: bf16\noptimizer_state_dtype: fp32\n", true},
+  };
+  for (size_t o = 0; o < ARRAY_LEN(opts); o++)
+    for (size_t l = 0; l < ARRAY_LEN(layouts); l++)
+      for (int clip = 0; clip < 2; clip++)
+        for (int sr = 0; sr < (layouts[l].low ? 2 : 1); sr++) {
+          char name[128];
+          snprintf(name, sizeof name, "%s %s%s%s", opts[o].name, layouts[l].name, clip ? " clip" : "",
+                   sr ? " sr" : "");
+          matrix_case(name, opts[o].yaml, layouts[l].yaml, clip, sr);
+        }
+}
+
+/* ---- the disk cache ---------------------------------------------------------------------- */
+
+static void test_cache(void) {
+  char dir[] = "/tmp/optc_cacheXXXXXX";
+  ASSERT(mkdtemp(dir));
+  setenv("XDG_CACHE_HOME", dir, 1);
+  setenv("OPTC_CACHE", "1", 1);
+  Arena *arena = arena_new();
+  Graph *g = build("optimizer:\n  _component_: torch.optim.AdamW\ndtype: fp32\nclip_grad_norm: 1.0\n", arena);
+  ASSERT(g && pipeline_run(g, &(PipelineOptions){0}));
+  int before = cpu_compile_count();
+  CompileTimes t1 = {0}, t2 = {0}, t3 = {0};
+  CpuProgram *a = cpu_compile(g, NULL, &t1);
+  CHECK(a && !t1.cache_hit && cpu_compile_count() == before + 1, "first compile builds");
+  CpuProgram *b = cpu_compile(g, NULL, &t2);
+  CHECK(b && t2.cache_hit && cpu_compile_count() == before + 1, "second compile is a cache hit");
+  printf("cache: cold %.1f ms, hit %.2f ms\n", t1.build + t1.opt + t1.codegen + t1.link, t2.link);
+  Buf key = {0};
+  /* the entry's path: the only file in the cache directory */
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "%s/optc", dir);
+  char *path = NULL;
+  FILE *ls;
+  snprintf(cmd, sizeof cmd, "ls %s/optc/cpu-*", dir);
+  ls = popen(cmd, "r");
+  char line[1024] = {0};
+  if (ls && fgets(line, sizeof line, ls)) {
+    line[strcspn(line, "\n")] = 0;
+    path = strdup(line);
+  }
+  if (ls)
+    pclose(ls);
+  CHECK(path != NULL, "the cache entry exists");
+  if (path) {
+    /* truncate it: the next compile must notice and rebuild */
+    struct stat st;
+    stat(path, &st);
+    CHECK(truncate(path, st.st_size / 2) == 0, "truncate");
+    CpuProgram *c = cpu_compile(g, NULL, &t3);
+    CHECK(c && !t3.cache_hit && cpu_compile_count() == before + 2, "a truncated entry is rebuilt");
+    cpu_program_free(c);
+    /* flip one byte of the payload (near the end): rebuilt again */
+    FILE *f = fopen(path, "r+b");
+    ASSERT(f);
+    fseek(f, -100, SEEK_END);
+    int ch = fgetc(f);
+    fseek(f, -100, SEEK_END);
+    fputc(ch ^ 0x5a, f);
+    fclose(f);
+    CompileTimes t4 = {0};
+    c = cpu_compile(g, NULL, &t4);
+    CHECK(c && !t4.cache_hit && cpu_compile_count() == before + 3, "a corrupted entry is rebuilt");
+    /* and the rebuilt program works: one step against the interpreter */
+    TensorFile tf = {0};
+    make_tensors(&tf, TY_F32, TY_F32);
+    double *vals = calloc((size_t)g->nins + 1, sizeof(double));
+    Binding first = {"step", 1};
+    ASSERT(inputs_resolve(g, NULL, 0, &first, 1, vals) == 0);
+    ParamGroup p1, p2;
+    int fin;
+    ASSERT(group_from_file(&p1, g, &tf, vals, &fin) == 0 && group_from_file(&p2, g, &tf, vals, &fin) == 0);
+    StepArgs args = {vals, fin};
+    StepResult r;
+    ThreadPool *pool = pool_create(2);
+    interp_step(g, &p1.layout, p1.bufs, &args, &r);
+    cpu_step(c, pool, g, &p2.layout, p2.bufs, &args, &r);
+    CHECK(same_buffers(g, &p1, &p2, "after rebuild"), "the rebuilt program matches the interpreter");
+    pool_free(pool);
+    group_free(&p1);
+    group_free(&p2);
+    free(vals);
+    tf_free(&tf);
+    cpu_program_free(c);
+    /* OPTC_CACHE=0: no lookup, a compile every time */
+    setenv("OPTC_CACHE", "0", 1);
+    CompileTimes t5 = {0};
+    c = cpu_compile(g, NULL, &t5);
+    CHECK(c && !t5.cache_hit && cpu_compile_count() == before + 4, "OPTC_CACHE=0 compiles");
+    cpu_program_free(c);
+    setenv("OPTC_CACHE", "1", 1);
+    unlink(path);
+    free(path);
+  }
+  buf_free(&key);
+  cpu_program_free(a);
+  cpu_program_free(b);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0, "cleanup");
+  arena_free(arena);
+}
+
+/* ---- 64-bit indices ------------------------------------------------------------------------- */
+
+static void test_index64(void) {
+  Arena *arena = arena_new();
+  Graph *g = build("optimizer:\n  _component_: torch.optim.AdamW\ndtype: bf16\noptimizer_state_dtype: fp32\n"
+                   "stochastic_rounding: true\nclip_grad_norm: 1.0\nseed: 3\n",
+                   arena);
+  ASSERT(g && pipeline_run(g, &(PipelineOptions){0}));
+  CpuTarget target = {.no_cache = true};
+  CpuProgram *prog = cpu_compile(g, &target, NULL);
+  ASSERT(prog);
+  /* Two copies of the same 1000 real elements of each buffer. */
+  enum { N = 1000 };
+  const int64_t FLAT = (int64_t)3 << 30;  /* 3 * 2^30 > 2^31 */
+  const int64_t START = (int64_t)5 << 30; /* > 2^32: the hash's high word */
+  void *mem[2][8], *bufs[2][8];
+  for (int copy = 0; copy < 2; copy++)
+    for (int b = 0; b < g->nbufs; b++) {
+      int es = type_size(g->bufs[b].type);
+      mem[copy][b] = aligned_alloc(64, (size_t)(N + 64) * (size_t)es);
+      /* the kernel adds FLAT elements back */
+      bufs[copy][b] = (char *)mem[copy][b] - FLAT * es;
+    }
+  rng = 99;
+  for (int b = 0; b < g->nbufs; b++) {
+    int es = type_size(g->bufs[b].type);
+    for (int i = 0; i < N + 16; i++) {
+      float v = g->bufs[b].kind == BUF_STATE && !strcmp(g->bufs[b].name, "exp_avg_sq") ? fabsf(normalf()) : normalf();
+      if (es == 2)
+        ((uint16_t *)mem[0][b])[i] = optc_f32_to_bf16(v);
+      else
+        ((float *)mem[0][b])[i] = v;
+    }
+    memcpy(mem[1][b], mem[0][b], (size_t)(N + 16) * (size_t)es);
+  }
+  int64_t numel = START + N;
+  GroupLayout l = {.ntensors = 1, .numel = &numel, .offset = (int64_t[]){FLAT - START}, .total = FLAT + N + 16};
+  Chunk chunks[1] = {{.tensor = 0, .block = (int32_t)(FLAT / OPTC_REDUCE_BLOCK), .start = START, .len = N, .flat = FLAT}};
+  l.chunks = chunks;
+  l.nchunks = 1;
+  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
+  Binding first = {"step", 1};
+  ASSERT(inputs_resolve(g, NULL, 0, &first, 1, vals) == 0);
+  StepArgs args = {vals, 1};
+  StepResult r0, r1;
+  interp_step(g, &l, bufs[0], &args, &r0);
+  ThreadPool *pool = pool_create(1);
+  cpu_step(prog, pool, g, &l, bufs[1], &args, &r1);
+  bool same = true;
+  for (int b = 0; b < g->nbufs; b++)
+    same &= memcmp(mem[0][b], mem[1][b], (size_t)(N + 16) * (size_t)type_size(g->bufs[b].type)) == 0;
+  CHECK(same, "64-bit flat index and >2^32 element index: kernel and interpreter agree");
+  CHECK(r0.nred == 1 && r1.nred == 1 && r0.red[0] == r1.red[0] && r0.red[0] > 0, "the reduction agrees");
+  /* the high word of the index changes the stochastic rounding: with
+   * START below 2^32 the params come out different */
+  printf("index64: flat %lld, element %lld: %s\n", (long long)FLAT, (long long)START, same ? "identical" : "DIFFERENT");
+  pool_free(pool);
+  for (int copy = 0; copy < 2; copy++)
+    for (int b = 0; b < g->nbufs; b++)
+      free(mem[copy][b]);
+  free(vals);
+  cpu_program_free(prog);
+  arena_free(arena);
+}
+
+int main(void) {
+  test_index64();
+  test_cache();
+  test_matrix();
+  printf("test_backends: %d checks, %d failed\n", checks, failures);
+  return failures != 0;
+}
