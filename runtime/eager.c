@@ -140,6 +140,7 @@ typedef struct {
   void **arr;     /* (nins) this tensor's elements of each value */
   bool *owned;    /* arr[i] is a temporary of this tensor's (not a view) */
   void **group;   /* (nins) group-wide arrays of the values read across stages */
+  bool *keep;     /* (nins) value i lives in a group-wide array */
   double *part;   /* (nchunks) reduction partials */
   int64_t *chunk0;/* (ntensors + 1) first chunk of each tensor */
 } Eager;
@@ -360,72 +361,108 @@ static void release(Eager *e, Ref a) {
   }
 }
 
-static void run_tensor(Eager *e, int stage, int t) {
+/* Points value r at tensor t's elements: a load at its buffer, a value
+ * kept for the group at its group-wide array. */
+static void bind(Eager *e, Ref r, int t) {
+  const Ins *x = &e->g->ins[r];
+  int64_t base = e->l->offset[t];
+  if (e->group[r])
+    e->arr[r] = elem_ptr(e->group[r], (Type)x->type, base);
+  else if (x->op == OP_LOAD)
+    e->arr[r] = elem_ptr(e->bufs[x->buf], (Type)x->type, base);
+}
+
+/* Instruction i of stage `stage` for tensor t. */
+static void run_one(Eager *e, int stage, Ref i, int t) {
   const Graph *g = e->g;
-  const GroupLayout *l = e->l;
-  int64_t n = l->numel[t], base = l->offset[t];
-  /* Loads are views of the buffers, and values kept across stages views of
-   * their group-wide arrays: both at this tensor's offset, in every stage. */
-  for (int i = 0; i < g->nins; i++) {
-    if (e->group[i])
-      e->arr[i] = elem_ptr(e->group[i], (Type)g->ins[i].type, base);
-    if (g->ins[i].op == OP_LOAD)
-      e->arr[i] = elem_ptr(e->bufs[g->ins[i].buf], (Type)g->ins[i].type, base);
+  const Ins *x = &g->ins[i];
+  int64_t n = e->l->numel[t], base = e->l->offset[t];
+  for (int k = 0; k < op_info[x->op].nargs; k++)
+    bind(e, x->args[k], t);
+  if (x->op == OP_REDUCE) {
+    if (e->s.stage[i] == stage + 1 && g->ins[x->args[0]].scope == SCOPE_ELEM)
+      run_reduce(e, i, t);
+    return;
   }
-  for (int i = 0; i < g->nins; i++) {
-    const Ins *x = &g->ins[i];
-    bool here = e->s.stage[i] == stage;
-    if (x->op == OP_REDUCE) {
-      if (e->s.stage[i] == stage + 1 && g->ins[x->args[0]].scope == SCOPE_ELEM)
-        run_reduce(e, i, t);
-      continue;
-    }
-    if (x->op == OP_LOAD)
-      continue;
-    if (x->op == OP_STORE && stage == e->s.last) {
-      Ref v = x->args[0];
-      const Ins *y = &g->ins[v];
-      Type bt = (Type)g->bufs[x->buf].type;
-      void *dst = elem_ptr(e->bufs[x->buf], bt, base);
-      if (e->s.in_place[v] == i)
-        continue;
-      if (y->scope == SCOPE_ELEM) {
-        memcpy(dst, e->arr[v], (size_t)n * (size_t)type_size(bt));
-        if (e->s.last_use[v] == i)
-          release(e, v);
-      } else {
-        for (int64_t k = 0; k < n; k++)
-          put(dst, bt, k, e->step[v]);
-      }
-      continue;
-    }
-    if (!here || !is_arith(x))
-      continue;
-    /* Where the result goes: the buffer (in place), the group-wide array
-     * (read in a later stage), or this tensor's temporary. */
-    void *o;
-    Type t0 = (Type)x->type;
-    if (e->s.in_place[i] != NOREF) {
-      o = elem_ptr(e->bufs[g->ins[e->s.in_place[i]].buf], t0, base);
-    } else if (e->s.cross[i]) {
-      o = e->arr[i];
+  if (x->op == OP_STORE) {
+    if (stage != e->s.last)
+      return;
+    Ref v = x->args[0];
+    const Ins *y = &g->ins[v];
+    Type bt = (Type)g->bufs[x->buf].type;
+    void *dst = elem_ptr(e->bufs[x->buf], bt, base);
+    if (e->s.in_place[v] == i)
+      return;
+    if (y->scope == SCOPE_ELEM) {
+      memcpy(dst, e->arr[v], (size_t)n * (size_t)type_size(bt));
+      if (e->s.last_use[v] == i)
+        release(e, v);
     } else {
-      o = alloc_arr(n, t0);
-      e->arr[i] = o;
-      e->owned[i] = true;
+      for (int64_t k = 0; k < n; k++)
+        put(dst, bt, k, e->step[v]);
     }
-    run_op(e, i, o, 0, t, n);
-    if (e->s.in_place[i] != NOREF)
-      e->arr[i] = o;
-    /* Free this tensor's temporaries after their last use, as torch's
-     * refcounts do. */
-    for (int k = 0; k < op_info[x->op].nargs; k++)
-      if (e->s.last_use[x->args[k]] == i)
-        release(e, x->args[k]);
+    return;
+  }
+  if (e->s.stage[i] != stage || !is_arith(x))
+    return;
+  /* Where the result goes: the buffer (in place), the group-wide array
+   * (read in a later stage, or foreach), or this tensor's temporary. */
+  void *o;
+  Type t0 = (Type)x->type;
+  if (e->s.in_place[i] != NOREF) {
+    o = elem_ptr(e->bufs[g->ins[e->s.in_place[i]].buf], t0, base);
+  } else if (e->keep[i]) {
+    if (!e->group[i])
+      e->group[i] = alloc_arr(e->l->total, t0);
+    bind(e, i, t);
+    o = e->arr[i];
+  } else {
+    o = alloc_arr(n, t0);
+    e->arr[i] = o;
+    e->owned[i] = true;
+  }
+  run_op(e, i, o, 0, t, n);
+  if (e->s.in_place[i] != NOREF)
+    e->arr[i] = o;
+  /* Free this tensor's temporaries after their last use, as torch's
+   * refcounts do. */
+  for (int k = 0; k < op_info[x->op].nargs; k++)
+    if (e->s.last_use[x->args[k]] == i)
+      release(e, x->args[k]);
+}
+
+/* torch's for-loop: each tensor, all its ops. */
+static void run_stage_per_tensor(Eager *e, int stage) {
+  for (int t = 0; t < e->l->ntensors; t++)
+    for (int i = 0; i < e->g->nins; i++)
+      run_one(e, stage, i, t);
+}
+
+/* torch's foreach: each op, over all tensors; every intermediate is a list
+ * of tensors, freed after its last use. */
+static void run_stage_foreach(Eager *e, int stage) {
+  const Graph *g = e->g;
+  for (int i = 0; i < g->nins; i++) {
+    for (int t = 0; t < e->l->ntensors; t++)
+      run_one(e, stage, i, t);
+    const Ins *x = &g->ins[i];
+    bool ran = e->s.stage[i] == stage || (x->op == OP_STORE && stage == e->s.last);
+    for (int k = 0; ran && k < op_info[x->op].nargs; k++) {
+      Ref a = x->args[k];
+      if (e->s.last_use[a] == i && !e->s.cross[a] && e->group[a]) {
+        free(e->group[a]);
+        e->group[a] = NULL;
+      }
+    }
   }
 }
 
 int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args, StepResult *res) {
+  return eager_run(g, l, bufs, args, res, false);
+}
+
+int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args, StepResult *res,
+              bool foreach) {
   for (int i = 0; i < g->nins; i++)
     if (g->ins[i].op == OP_OPTION) {
       error("eager: option '%%%s' is unresolved", g->ins[i].name);
@@ -438,6 +475,7 @@ int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const St
   e.arr = calloc(n, sizeof(void *));
   e.owned = calloc(n, sizeof(bool));
   e.group = calloc(n, sizeof(void *));
+  e.keep = calloc(n, sizeof(bool));
   e.part = calloc((size_t)l->nchunks + 1, sizeof(double));
   e.chunk0 = calloc((size_t)l->ntensors + 2, sizeof(int64_t));
   ASSERT(e.step && e.arr && e.owned && e.part && e.chunk0);
@@ -447,10 +485,10 @@ int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const St
     e.chunk0[t] = c;
   }
   /* Values read across stages live in group-wide arrays (torch keeps them
-   * as tensors: p.grad after scale_grads). */
+   * as tensors: p.grad after scale_grads); with foreach, every
+   * intermediate does. */
   for (int i = 0; i < g->nins; i++)
-    if (e.s.cross[i])
-      e.group[i] = alloc_arr(l->total, (Type)g->ins[i].type);
+    e.keep[i] = e.s.cross[i] || (foreach && is_arith(&g->ins[i]));
   memset(res, 0, sizeof *res);
   bool ok = !args || args->grads_finite != 0;
   if (ok && (!args || args->grads_finite < 0)) {
@@ -464,8 +502,10 @@ int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const St
   }
   for (int s = 0; ok && s <= e.s.last; s++) {
     eval_step_values(&e, s);
-    for (int t = 0; t < l->ntensors; t++)
-      run_tensor(&e, s, t);
+    if (foreach)
+      run_stage_foreach(&e, s);
+    else
+      run_stage_per_tensor(&e, s);
     for (int r = 0; r < g->nins; r++) {
       if (g->ins[r].op != OP_REDUCE || e.s.stage[r] != s + 1)
         continue;
@@ -483,6 +523,7 @@ int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const St
     free(e.group[i]);
   }
   free(e.group);
+  free(e.keep);
   free(e.step);
   free(e.arr);
   free(e.owned);

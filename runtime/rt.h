@@ -74,6 +74,10 @@ void executor_free(Executor *x);
  * The unoptimized graph, one op at a time over one tensor at a time, every
  * intermediate materialised. Same results as interp_step, bit for bit. */
 int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args, StepResult *res);
+/* The same, op-major with `foreach` (each op over every tensor, as torch's
+ * _foreach_ ops), else tensor-major (torch's for-loop). */
+int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args, StepResult *res,
+              bool foreach);
 /* Bytes per element that eager_step moves. */
 double eager_traffic(const Graph *g);
 

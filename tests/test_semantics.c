@@ -10,7 +10,8 @@
  *    with the difference reported in ulps;
  * 2. the interpreter gives identical bytes on the optimized graph (after the
  *    whole pass pipeline) and on the unoptimized one;
- * 3. the eager executor gives identical bytes to the interpreter.
+ * 3. the eager executor, tensor by tensor and op by op over all tensors
+ *    (foreach), gives identical bytes to the interpreter.
  *
  * Tolerance for 1: ref_optim.c follows the same op-by-op f32 semantics as
  * the IR (one rounding per op, scalars rounded from f64 where torch passes
@@ -136,7 +137,7 @@ static void run_case(const OptCase *oc, const Layout *lay, bool clip) {
     }
   }
   Binding sets[] = {{"num_tokens", 3.0}};
-  ParamGroup pa, pb, pc;
+  ParamGroup pa, pb, pc, pd;
   double *va = calloc((size_t)g0->nins + 1, sizeof(double));
   double *vb = calloc((size_t)g1->nins + 1, sizeof(double));
   Binding step1 = {"step", 1};
@@ -146,6 +147,7 @@ static void run_case(const OptCase *oc, const Layout *lay, bool clip) {
   ASSERT(group_from_file(&pa, g0, &tf, va, &fa) == 0);
   ASSERT(group_from_file(&pb, g1, &tf, vb, &fb) == 0);
   ASSERT(group_from_file(&pc, g0, &tf, va, &fc) == 0);
+  ASSERT(group_from_file(&pd, g0, &tf, va, &fc) == 0);
   /* The reference gets its own copies, from the interpreter's initial state. */
   int pbuf = -1, gbuf = -1;
   for (int b = 0; b < g0->nbufs; b++) {
@@ -186,6 +188,7 @@ static void run_case(const OptCase *oc, const Layout *lay, bool clip) {
   for (int step = 1; step <= STEPS; step++) {
     memcpy(pa.bufs[gbuf], grads0, gbytes);
     memcpy(pc.bufs[gbuf], grads0, gbytes);
+    memcpy(pd.bufs[gbuf], grads0, gbytes);
     Ref sr0 = graph_find_input(g0, "step"), sr1 = graph_find_input(g1, "step");
     if (sr0 != NOREF)
       va[sr0] = step;
@@ -196,6 +199,7 @@ static void run_case(const OptCase *oc, const Layout *lay, bool clip) {
     ASSERT(interp_step(g0, &pa.layout, pa.bufs, &aa, &ra) == 0);
     ASSERT(interp_step(g1, &pb.layout, pb.bufs, &ab, &rb) == 0);
     ASSERT(eager_step(g0, &pc.layout, pc.bufs, &aa, &rc) == 0);
+    ASSERT(eager_run(g0, &pd.layout, pd.bufs, &aa, &rc, true) == 0);
     ref_step(&oc->h, lay->p, lay->g, lay->s, rt, NT, step, 3.0, 1.0, clip ? 1.0 : 0.0);
     /* 2 and 3: identical bytes in every buffer but the grads (the
      * unoptimized graph writes the scaled grads back, as torch does) */
@@ -213,6 +217,12 @@ static void run_case(const OptCase *oc, const Layout *lay, bool clip) {
       if (memcmp(pa.bufs[b], pc.bufs[b], bytes) != 0) {
         printf("FAIL %s/%s%s step %d: @%s differs between eager and the interpreter\n", oc->name, lay->name,
                clip ? "/clip" : "", step, g0->bufs[b].name);
+        failures++;
+      }
+      checks++;
+      if (memcmp(pa.bufs[b], pd.bufs[b], bytes) != 0) {
+        printf("FAIL %s/%s%s step %d: @%s differs between eager foreach and the interpreter\n", oc->name,
+               lay->name, clip ? "/clip" : "", step, g0->bufs[b].name);
         failures++;
       }
     }
@@ -253,6 +263,7 @@ out:
   group_free(&pa);
   group_free(&pb);
   group_free(&pc);
+  group_free(&pd);
   free(va);
   free(vb);
   tf_free(&tf);
