@@ -104,6 +104,43 @@ static bool read_scalar(const Tensor *t, double *out) {
   return true;
 }
 
+/* One zeroed flat buffer per graph buffer, for pg->layout. */
+static int alloc_bufs(ParamGroup *pg) {
+  const Graph *g = pg->g;
+  pg->bufs = calloc((size_t)g->nbufs + 1, sizeof(void *));
+  ASSERT(pg->bufs);
+  for (int b = 0; b < g->nbufs; b++) {
+    pg->bufs[b] = flat_alloc(pg->layout.total, (Type)g->bufs[b].type);
+    if (!pg->bufs[b]) {
+      error("out of memory for buffer '@%s' (%lld elements)", g->bufs[b].name, (long long)pg->layout.total);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int group_alloc(ParamGroup *pg, const Graph *g, int n, const int64_t *numel) {
+  memset(pg, 0, sizeof *pg);
+  pg->g = g;
+  pg->ntensors = n;
+  pg->names = calloc((size_t)n + 1, sizeof(char *));
+  pg->shapes = calloc((size_t)n + 1, sizeof(Tensor));
+  ASSERT(pg->names && pg->shapes);
+  for (int i = 0; i < n; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "t%d", i);
+    pg->names[i] = strdup(name);
+    pg->shapes[i] = (Tensor){.name = pg->names[i], .dtype = (Type)g->bufs[0].type, .ndim = 1,
+                             .shape = {numel[i]}, .numel = numel[i]};
+  }
+  layout_init(&pg->layout, n, numel);
+  if (alloc_bufs(pg) != 0) {
+    group_free(pg);
+    return -1;
+  }
+  return 0;
+}
+
 int group_from_file(ParamGroup *pg, const Graph *g, const TensorFile *tf, const double *inputs,
                     int *grads_finite) {
   memset(pg, 0, sizeof *pg);
@@ -183,15 +220,8 @@ int group_from_file(ParamGroup *pg, const Graph *g, const TensorFile *tf, const 
   }
   layout_init(&pg->layout, n, numel);
   free(numel);
-  pg->bufs = calloc((size_t)g->nbufs + 1, sizeof(void *));
-  ASSERT(pg->bufs);
-  for (int b = 0; b < g->nbufs; b++) {
-    pg->bufs[b] = flat_alloc(pg->layout.total, (Type)g->bufs[b].type);
-    if (!pg->bufs[b]) {
-      error("out of memory for buffer '@%s' (%lld elements)", g->bufs[b].name, (long long)pg->layout.total);
-      goto out;
-    }
-  }
+  if (alloc_bufs(pg) != 0)
+    goto out;
   bool finite = true, any_state = false;
   for (int i = 0; i < n; i++) {
     int64_t off = pg->layout.offset[i];

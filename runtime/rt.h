@@ -4,6 +4,7 @@
 #include "../compiler/codegen.h"
 #include "../compiler/frontend.h"
 #include "../compiler/plan.h"
+#include "model/llama4.h"
 #include "tensor.h"
 
 typedef enum { BACKEND_INTERP, BACKEND_EAGER, BACKEND_CPU, BACKEND_CUDA, NUM_BACKENDS } Backend;
@@ -31,6 +32,9 @@ typedef struct {
  * 0, or -1 with an error naming the tensor. The caller frees with group_free. */
 int group_from_file(ParamGroup *pg, const Graph *g, const TensorFile *tf, const double *inputs,
                     int *grads_finite);
+/* A group of n tensors named t0, t1, ... with zeroed buffers (states at
+ * zero whatever their init): for benchmarks. */
+int group_alloc(ParamGroup *pg, const Graph *g, int n, const int64_t *numel);
 /* Writes params, states and NAME.step (f32, as torch keeps it) into out,
  * with every tensor of `in` that is neither a param, a grad nor a state
  * copied through. */
@@ -91,3 +95,18 @@ int inputs_resolve(const Graph *g, const Binding *sets, int nsets, const Binding
                    int nprovided, double *vals);
 /* Parses NAME=VALUE (a number, or true/false) from the command line. */
 bool parse_set(const char *s, Binding *out);
+
+/* ---- inventory.c: a recipe's parameter tensors ---------------------------------------- */
+typedef struct {
+  char name[160];
+  int ndim;
+  int64_t shape[3];
+  int64_t numel;
+} InvTensor;
+
+/* The model dims of a recipe as the model takes them. */
+L4Config inventory_l4_config(const ModelConfig *m);
+/* The model's parameter tensors: HF's layout (what optc's model holds and
+ * its checkpoints name), or torchtune's (what torchtune's FSDP shards).
+ * *out is malloc'd; returns the count. */
+int inventory_tensors(const ModelConfig *m, bool torchtune, InvTensor **out);

@@ -1,0 +1,93 @@
+/* inventory.c: the parameter inventory of a recipe's model. The model's
+ * own tensors are HF's (llama4.c); torchtune's layout, which splits the
+ * experts' fused gate_up_proj into gate and up and names everything its
+ * own way, is what torchtune's FSDP shards, so plan and bench count both. */
+#include "rt.h"
+
+#include <string.h>
+
+L4Config inventory_l4_config(const ModelConfig *m) {
+  L4Config c = l4_config_scout();
+  c.vocab_size = (int)m->vocab_size;
+  c.num_layers = (int)m->num_layers;
+  c.num_heads = (int)m->num_heads;
+  c.num_kv_heads = (int)m->num_kv_heads;
+  c.embed_dim = (int)m->embed_dim;
+  c.head_dim = (int)m->head_dim;
+  c.hidden_dim = (int)m->hidden_dim;
+  c.shared_hidden_dim = (int)m->shared_hidden_dim;
+  c.num_experts = (int)m->num_experts;
+  c.skip_rope_interval = (int)m->skip_rope_interval;
+  c.use_qk_norm = m->use_qk_norm;
+  c.attention_chunk_size = (int)m->attention_chunk_size;
+  c.rope_base = m->rope_base;
+  c.rope_scale_factor = m->rope_scale_factor;
+  c.rope_low_freq_factor = m->rope_low_freq_factor;
+  c.rope_high_freq_factor = m->rope_high_freq_factor;
+  c.rope_old_context_len = (int)m->rope_old_context_len;
+  c.norm_eps = m->norm_eps;
+  return c;
+}
+
+static void add(InvTensor **out, int *n, int *cap, const char *name, int ndim, const int64_t *shape) {
+  if (*n == *cap) {
+    *cap = *cap ? 2 * *cap : 64;
+    *out = realloc(*out, sizeof(InvTensor) * (size_t)*cap);
+    ASSERT(*out);
+  }
+  InvTensor *t = &(*out)[(*n)++];
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->ndim = ndim;
+  t->numel = 1;
+  for (int i = 0; i < ndim; i++) {
+    t->shape[i] = shape[i];
+    t->numel *= shape[i];
+  }
+}
+
+int inventory_tensors(const ModelConfig *m, bool torchtune, InvTensor **out) {
+  *out = NULL;
+  int n = 0, cap = 0;
+  if (!torchtune) {
+    L4Config c = inventory_l4_config(m);
+    int count = l4_tensors(&c, NULL);
+    L4Tensor *ts = calloc((size_t)count, sizeof(L4Tensor));
+    ASSERT(ts);
+    l4_tensors(&c, ts);
+    for (int i = 0; i < count; i++)
+      add(out, &n, &cap, ts[i].name, ts[i].ndim, ts[i].shape);
+    free(ts);
+    return n;
+  }
+  int64_t D = m->embed_dim, V = m->vocab_size, E = m->num_experts, H = m->hidden_dim, Hs = m->shared_hidden_dim;
+  int64_t q = m->num_heads * m->head_dim, kv = m->num_kv_heads * m->head_dim;
+  char name[160];
+  add(out, &n, &cap, "tok_embeddings.weight", 2, (int64_t[]){V, D});
+  for (long l = 0; l < m->num_layers; l++) {
+    struct { const char *part; int nd; int64_t s[3]; } parts[] = {
+        {"sa_norm.scale", 1, {D}},
+        {"attn.q_proj.weight", 2, {q, D}},
+        {"attn.k_proj.weight", 2, {kv, D}},
+        {"attn.v_proj.weight", 2, {kv, D}},
+        {"attn.output_proj.weight", 2, {D, q}},
+        {"mlp_norm.scale", 1, {D}},
+        {"mlp.router.gate.weight", 2, {E, D}},
+        {"mlp.experts.gate_proj", 3, {E, D, H}},
+        {"mlp.experts.down_proj", 3, {E, H, D}},
+        {"mlp.experts.up_proj", 3, {E, D, H}},
+        {"mlp.shared_expert.w1.weight", 2, {Hs, D}},
+        {"mlp.shared_expert.w2.weight", 2, {D, Hs}},
+        {"mlp.shared_expert.w3.weight", 2, {Hs, D}},
+    };
+    for (size_t k = 0; k < ARRAY_LEN(parts); k++) {
+      if (!m->use_shared_expert && strstr(parts[k].part, "shared_expert"))
+        continue;
+      snprintf(name, sizeof name, "layers.%ld.%s", l, parts[k].part);
+      add(out, &n, &cap, name, parts[k].nd, parts[k].s);
+    }
+  }
+  add(out, &n, &cap, "norm.scale", 1, (int64_t[]){D});
+  add(out, &n, &cap, "output.weight", 2, (int64_t[]){V, D});
+  return n;
+}
