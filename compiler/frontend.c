@@ -556,17 +556,23 @@ static bool apply_override(Recipe *r, const char *ov) {
 /* ---- recipe_load ------------------------------------------------------------- */
 
 Recipe *recipe_load(const char *path, const char *const *overrides, int noverrides, Arena *a) {
-  Recipe *r = arena_alloc(a, sizeof(Recipe));
-  r->arena = a;
-  r->path = arena_strdup(a, path);
   size_t len;
   char *text = file_read(path, &len);
   if (!text)
     return NULL;
-  r->src.name = r->path;
-  r->src.text = arena_strndup(a, text, len);
-  r->src.len = len;
+  Recipe *r = recipe_from_text(path, text, overrides, noverrides, a);
   free(text);
+  return r;
+}
+
+Recipe *recipe_from_text(const char *name, const char *text, const char *const *overrides, int noverrides,
+                         Arena *a) {
+  Recipe *r = arena_alloc(a, sizeof(Recipe));
+  r->arena = a;
+  r->path = arena_strdup(a, name);
+  r->src.name = r->path;
+  r->src.text = arena_strdup(a, text);
+  r->src.len = strlen(text);
   r->root = yaml_load(&r->src, a);
   if (!r->root)
     return NULL;

@@ -95,6 +95,9 @@ typedef struct {
 /* Reads a recipe and applies `key.sub=value` overrides. The recipe and all
  * it points to live in arena a. NULL (error printed) on any mistake. */
 Recipe *recipe_load(const char *path, const char *const *overrides, int noverrides, Arena *a);
+/* The same from text in memory; `name` is used in messages. */
+Recipe *recipe_from_text(const char *name, const char *text, const char *const *overrides, int noverrides,
+                         Arena *a);
 /* Builds the step graph a recipe implies, options resolved. */
 Graph *frontend_build(Recipe *r);
 /* Reads an .optir file (or a built-in by name) into arena a. */

@@ -22,6 +22,8 @@ static const char usage_main[] =
     "subcommands:\n"
     "  compile       (the default) build, verify and print the step graph\n"
     "  exec          run optimizer steps on tensors from a safetensors file\n"
+    "  bench         time the step against eager, foreach, a fused loop and the\n"
+    "                memory bandwidth (optc bench optimizer --help)\n"
     "\n"
     "Run 'optc SUBCOMMAND --help' for the options of each.\n";
 
@@ -514,5 +516,15 @@ int main(int argc, char **argv) {
     return cmd_compile(argc - 2, argv + 2);
   if (!strcmp(cmd, "exec"))
     return cmd_exec(argc - 2, argv + 2);
+  if (!strcmp(cmd, "bench")) {
+    if (argc >= 3 && !strcmp(argv[2], "optimizer"))
+      return bench_optimizer(argc - 3, argv + 3);
+    if (argc >= 3 && (!strcmp(argv[2], "-h") || !strcmp(argv[2], "--help"))) {
+      puts("usage: optc bench optimizer [options]   (optc bench optimizer --help)");
+      return 0;
+    }
+    error("usage: optc bench optimizer [options]");
+    return 2;
+  }
   return cmd_compile(argc - 1, argv + 1);
 }

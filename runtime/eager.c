@@ -136,11 +136,13 @@ typedef struct {
   const GroupLayout *l;
   void *const *bufs;
   const double *inputs;
+  ThreadPool *pool; /* NULL: one thread */
   Scalar *step;   /* (nins) step values */
   void **arr;     /* (nins) this tensor's elements of each value */
   bool *owned;    /* arr[i] is a temporary of this tensor's (not a view) */
   void **group;   /* (nins) group-wide arrays of the values read across stages */
   bool *keep;     /* (nins) value i lives in a group-wide array */
+  Ref *donated_to; /* (nins) foreach: the later value that took over value i's array, or NOREF */
   double *part;   /* (nchunks) reduction partials */
   int64_t *chunk0;/* (ntensors + 1) first chunk of each tensor */
 } Eager;
@@ -276,21 +278,47 @@ static void put(void *o, Type t, int64_t i, Scalar v) {
 
 /* One op over elements [0, n) of tensor t, whose first element is `start`
  * within the tensor, written to o. */
-static void run_op(Eager *e, Ref i, void *o, int64_t off, int tensor, int64_t n) {
+/* Elements [lo, hi) of one op over a tensor. */
+static void run_op_range(Eager *e, Ref i, void *o, int tensor, int64_t lo, int64_t hi) {
   const Ins *x = &e->g->ins[i];
+  Type t = (Type)x->type;
   Operand a[3] = {{0}};
   for (int k = 0; k < op_info[x->op].nargs; k++)
-    a[k] = operand(e, x->args[k], off);
-  Type t = (Type)x->type;
-  if (t == TY_F32 && fast_f32((Op)x->op, o, a[0], a[1], a[2], n))
+    a[k] = operand(e, x->args[k], lo);
+  void *out = elem_ptr(o, t, lo);
+  int64_t n = hi - lo;
+  if (t == TY_F32 && fast_f32((Op)x->op, out, a[0], a[1], a[2], n))
     return;
-  if (x->op == OP_CVT && fast_cvt(o, t, a[0], n))
+  if (x->op == OP_CVT && fast_cvt(out, t, a[0], n))
     return;
   Scalar args[3];
   for (int64_t k = 0; k < n; k++) {
     for (int j = 0; j < op_info[x->op].nargs; j++)
       args[j] = at(a[j], k);
-    put(o, t, k, interp_apply(e->g, i, args, tensor, k));
+    put(out, t, k, interp_apply(e->g, i, args, tensor, lo + k));
+  }
+}
+
+typedef struct {
+  Eager *e;
+  Ref i;
+  void *o;
+  int tensor;
+} OpRun;
+
+static void op_range(void *ctx, int64_t lo, int64_t hi) {
+  OpRun *r = ctx;
+  run_op_range(r->e, r->i, r->o, r->tensor, lo, hi);
+}
+
+/* One op over a whole tensor; large tensors are split across the threads,
+ * as torch's at::parallel_for does (its grain is 32768 elements). */
+static void run_op(Eager *e, Ref i, void *o, int tensor, int64_t n) {
+  if (e->pool && n >= 32768) {
+    OpRun r = {e, i, o, tensor};
+    pool_run(e->pool, op_range, &r, n);
+  } else {
+    run_op_range(e, i, o, tensor, 0, n);
   }
 }
 
@@ -368,6 +396,8 @@ static void bind(Eager *e, Ref r, int t) {
   int64_t base = e->l->offset[t];
   if (e->group[r])
     e->arr[r] = elem_ptr(e->group[r], (Type)x->type, base);
+  else if (e->donated_to[r] != NOREF) /* same memory, same type */
+    e->arr[r] = elem_ptr(e->group[e->donated_to[r]], (Type)x->type, base);
   else if (x->op == OP_LOAD)
     e->arr[r] = elem_ptr(e->bufs[x->buf], (Type)x->type, base);
 }
@@ -409,19 +439,40 @@ static void run_one(Eager *e, int stage, Ref i, int t) {
    * (read in a later stage, or foreach), or this tensor's temporary. */
   void *o;
   Type t0 = (Type)x->type;
+  /* torch's in-place ops (x.mul_(s)): an operand that dies here, of the
+   * result's type, gives its memory to the result */
+  Ref donor = NOREF;
+  for (int k = 0; k < op_info[x->op].nargs && donor == NOREF; k++) {
+    Ref a = x->args[k];
+    if (e->s.last_use[a] == i && g->ins[a].type == x->type && !e->s.cross[a] &&
+        (e->owned[a] || (e->keep[i] && e->keep[a] && e->group[a])))
+      donor = a;
+  }
   if (e->s.in_place[i] != NOREF) {
     o = elem_ptr(e->bufs[g->ins[e->s.in_place[i]].buf], t0, base);
   } else if (e->keep[i]) {
-    if (!e->group[i])
-      e->group[i] = alloc_arr(e->l->total, t0);
+    if (!e->group[i]) {
+      if (donor != NOREF && e->group[donor] && !e->s.cross[i]) {
+        e->group[i] = e->group[donor];
+        e->group[donor] = NULL;
+        e->donated_to[donor] = i;
+      } else {
+        e->group[i] = alloc_arr(e->l->total, t0);
+      }
+    }
     bind(e, i, t);
     o = e->arr[i];
+  } else if (donor != NOREF && e->owned[donor]) {
+    o = e->arr[donor];
+    e->owned[donor] = false;
+    e->arr[i] = o;
+    e->owned[i] = true;
   } else {
     o = alloc_arr(n, t0);
     e->arr[i] = o;
     e->owned[i] = true;
   }
-  run_op(e, i, o, 0, t, n);
+  run_op(e, i, o, t, n);
   if (e->s.in_place[i] != NOREF)
     e->arr[i] = o;
   /* Free this tensor's temporaries after their last use, as torch's
@@ -458,17 +509,17 @@ static void run_stage_foreach(Eager *e, int stage) {
 }
 
 int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args, StepResult *res) {
-  return eager_run(g, l, bufs, args, res, false);
+  return eager_run(g, l, bufs, args, res, false, NULL);
 }
 
 int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args, StepResult *res,
-              bool foreach) {
+              bool foreach, ThreadPool *pool) {
   for (int i = 0; i < g->nins; i++)
     if (g->ins[i].op == OP_OPTION) {
       error("eager: option '%%%s' is unresolved", g->ins[i].name);
       return -1;
     }
-  Eager e = {.g = g, .l = l, .bufs = bufs, .inputs = args ? args->inputs : NULL};
+  Eager e = {.g = g, .l = l, .bufs = bufs, .inputs = args ? args->inputs : NULL, .pool = pool};
   sched_init(&e.s, g);
   size_t n = (size_t)g->nins + 1;
   e.step = calloc(n, sizeof(Scalar));
@@ -476,6 +527,10 @@ int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const Ste
   e.owned = calloc(n, sizeof(bool));
   e.group = calloc(n, sizeof(void *));
   e.keep = calloc(n, sizeof(bool));
+  e.donated_to = malloc(n * sizeof(Ref));
+  ASSERT(e.donated_to);
+  for (size_t i = 0; i < n; i++)
+    e.donated_to[i] = NOREF;
   e.part = calloc((size_t)l->nchunks + 1, sizeof(double));
   e.chunk0 = calloc((size_t)l->ntensors + 2, sizeof(int64_t));
   ASSERT(e.step && e.arr && e.owned && e.part && e.chunk0);
@@ -524,6 +579,7 @@ int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const Ste
   }
   free(e.group);
   free(e.keep);
+  free(e.donated_to);
   free(e.step);
   free(e.arr);
   free(e.owned);

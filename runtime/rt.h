@@ -7,6 +7,8 @@
 #include "model/llama4.h"
 #include "tensor.h"
 
+typedef struct ThreadPool ThreadPool; /* exec_cpu.c */
+
 typedef enum { BACKEND_INTERP, BACKEND_EAGER, BACKEND_CPU, BACKEND_CUDA, NUM_BACKENDS } Backend;
 extern const char *const backend_names[NUM_BACKENDS];
 bool backend_from_name(const char *s, Backend *out);
@@ -42,7 +44,6 @@ int group_to_file(const ParamGroup *pg, const TensorFile *in, TensorFile *out);
 void group_free(ParamGroup *pg);
 
 /* ---- exec_cpu.c: compiled steps on the CPU -------------------------------------------- */
-typedef struct ThreadPool ThreadPool;
 /* n threads, the caller's included; n < 1: one per core available. */
 ThreadPool *pool_create(int n);
 int pool_size(const ThreadPool *p);
@@ -79,9 +80,10 @@ void executor_free(Executor *x);
  * intermediate materialised. Same results as interp_step, bit for bit. */
 int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args, StepResult *res);
 /* The same, op-major with `foreach` (each op over every tensor, as torch's
- * _foreach_ ops), else tensor-major (torch's for-loop). */
+ * _foreach_ ops), else tensor-major (torch's for-loop); with a pool, each
+ * op over a large tensor is split across its threads, as torch's are. */
 int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args, StepResult *res,
-              bool foreach);
+              bool foreach, ThreadPool *pool);
 /* Bytes per element that eager_step moves. */
 double eager_traffic(const Graph *g);
 
@@ -110,3 +112,6 @@ L4Config inventory_l4_config(const ModelConfig *m);
  * its checkpoints name), or torchtune's (what torchtune's FSDP shards).
  * *out is malloc'd; returns the count. */
 int inventory_tensors(const ModelConfig *m, bool torchtune, InvTensor **out);
+
+/* ---- bench/bench.c: optc bench ------------------------------------------------------------ */
+int bench_optimizer(int argc, char **argv);

@@ -92,6 +92,8 @@ static const int64_t sizes[][3] = {{0}, {1}, {7}, {4097}, {3, 5, 7}};
 static const int ndims[] = {1, 1, 1, 1, 3};
 enum { NT = 5, STEPS = 5 };
 
+static ThreadPool *pool;
+
 static void run_case(const OptCase *oc, const Layout *lay, bool clip) {
   char yaml[2048];
   snprintf(yaml, sizeof yaml, "%s\n%s%s", oc->yaml, lay->yaml, clip ? "clip_grad_norm: 1.0\n" : "");
@@ -199,7 +201,7 @@ static void run_case(const OptCase *oc, const Layout *lay, bool clip) {
     ASSERT(interp_step(g0, &pa.layout, pa.bufs, &aa, &ra) == 0);
     ASSERT(interp_step(g1, &pb.layout, pb.bufs, &ab, &rb) == 0);
     ASSERT(eager_step(g0, &pc.layout, pc.bufs, &aa, &rc) == 0);
-    ASSERT(eager_run(g0, &pd.layout, pd.bufs, &aa, &rc, true) == 0);
+    ASSERT(eager_run(g0, &pd.layout, pd.bufs, &aa, &rc, true, pool) == 0);
     ref_step(&oc->h, lay->p, lay->g, lay->s, rt, NT, step, 3.0, 1.0, clip ? 1.0 : 0.0);
     /* 2 and 3: identical bytes in every buffer but the grads (the
      * unoptimized graph writes the scaled grads back, as torch does) */
@@ -317,10 +319,12 @@ int main(void) {
       {"bf16", "dtype: bf16\n", REF_BF16, REF_BF16, REF_BF16},
       {"bf16-fp32states", "dtype: bf16\noptimizer_state_dtype: fp32\n", REF_BF16, REF_BF16, REF_F32},
   };
+  pool = pool_create(3);
   for (size_t c = 0; c < ARRAY_LEN(cases); c++)
     for (size_t l = 0; l < ARRAY_LEN(layouts); l++)
       for (int clip = 0; clip < 2; clip++)
         run_case(&cases[c], &layouts[l], clip);
+  pool_free(pool);
   printf("test_semantics: %d checks, %d failed\n", checks, failures);
   return failures != 0;
 }
