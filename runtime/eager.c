@@ -130,6 +130,16 @@ double eager_traffic(const Graph *g) {
 
 /* ---- running ------------------------------------------------------------------- */
 
+/* A run of one tensor's elements, as the chunk table has them: the whole
+ * tensor, or (on a shard) the part of it the shard holds. */
+typedef struct {
+  int tensor;      /* index in the group: the stochastic-rounding hash reads it */
+  int64_t flat;    /* first element in the flat buffers */
+  int64_t start;   /* first element, counted within the tensor */
+  int64_t n;
+  int64_t c0, c1;  /* its chunks */
+} Piece;
+
 typedef struct {
   Sched s;
   const Graph *g;
@@ -140,11 +150,14 @@ typedef struct {
   Scalar *step;   /* (nins) step values */
   void **arr;     /* (nins) this tensor's elements of each value */
   bool *owned;    /* arr[i] is a temporary of this tensor's (not a view) */
-  void **group;   /* (nins) group-wide arrays of the values read across stages */
+  void **group;   /* (nins) group-wide arrays of the values read across stages,
+                     as pointers indexed by flat index */
+  void **group_mem; /* (nins) their allocations */
   bool *keep;     /* (nins) value i lives in a group-wide array */
   Ref *donated_to; /* (nins) foreach: the later value that took over value i's array, or NOREF */
   double *part;   /* (nchunks) reduction partials */
-  int64_t *chunk0;/* (ntensors + 1) first chunk of each tensor */
+  Piece *pieces;  /* the runs of one tensor's elements inside the layout's range */
+  int npieces;
 } Eager;
 
 static void *elem_ptr(void *base, Type t, int64_t i) { return (char *)base + i * type_size(t); }
@@ -278,8 +291,8 @@ static void put(void *o, Type t, int64_t i, Scalar v) {
 
 /* One op over elements [0, n) of tensor t, whose first element is `start`
  * within the tensor, written to o. */
-/* Elements [lo, hi) of one op over a tensor. */
-static void run_op_range(Eager *e, Ref i, void *o, int tensor, int64_t lo, int64_t hi) {
+/* Elements [lo, hi) of one op over a piece. */
+static void run_op_range(Eager *e, Ref i, void *o, const Piece *pc, int64_t lo, int64_t hi) {
   const Ins *x = &e->g->ins[i];
   Type t = (Type)x->type;
   Operand a[3] = {{0}};
@@ -295,7 +308,7 @@ static void run_op_range(Eager *e, Ref i, void *o, int tensor, int64_t lo, int64
   for (int64_t k = 0; k < n; k++) {
     for (int j = 0; j < op_info[x->op].nargs; j++)
       args[j] = at(a[j], k);
-    put(out, t, k, interp_apply(e->g, i, args, tensor, lo + k));
+    put(out, t, k, interp_apply(e->g, i, args, pc->tensor, pc->start + lo + k));
   }
 }
 
@@ -303,35 +316,35 @@ typedef struct {
   Eager *e;
   Ref i;
   void *o;
-  int tensor;
+  const Piece *pc;
 } OpRun;
 
 static void op_range(void *ctx, int64_t lo, int64_t hi) {
   OpRun *r = ctx;
-  run_op_range(r->e, r->i, r->o, r->tensor, lo, hi);
+  run_op_range(r->e, r->i, r->o, r->pc, lo, hi);
 }
 
 /* One op over a whole tensor; large tensors are split across the threads,
  * as torch's at::parallel_for does (its grain is 32768 elements). */
-static void run_op(Eager *e, Ref i, void *o, int tensor, int64_t n) {
-  if (e->pool && n >= 32768) {
-    OpRun r = {e, i, o, tensor};
-    pool_run(e->pool, op_range, &r, n);
+static void run_op(Eager *e, Ref i, void *o, const Piece *pc) {
+  if (e->pool && pc->n >= 32768) {
+    OpRun r = {e, i, o, pc};
+    pool_run(e->pool, op_range, &r, pc->n);
   } else {
-    run_op_range(e, i, o, tensor, 0, n);
+    run_op_range(e, i, o, pc, 0, pc->n);
   }
 }
 
-/* The chunk partials of a reduction over this tensor's elements. */
-static void run_reduce(Eager *e, Ref r, int tensor) {
+/* The chunk partials of a reduction over this piece's elements. */
+static void run_reduce(Eager *e, Ref r, const Piece *pc) {
   const Ins *x = &e->g->ins[r];
   const GroupLayout *l = e->l;
   RedKind k = (RedKind)x->red;
   Ref a = x->args[0];
   Type t = (Type)e->g->ins[a].type;
-  for (int64_t c = e->chunk0[tensor]; c < e->chunk0[tensor + 1]; c++) {
+  for (int64_t c = pc->c0; c < pc->c1; c++) {
     const Chunk *ch = &l->chunks[c];
-    int64_t off = ch->flat - l->offset[tensor];
+    int64_t off = ch->flat - pc->flat;
     Operand o = operand(e, a, off);
     bool is_max = k == RED_MAX || k == RED_ABSMAX;
     double lanes[OPTC_REDUCE_LANES];
@@ -389,11 +402,11 @@ static void release(Eager *e, Ref a) {
   }
 }
 
-/* Points value r at tensor t's elements: a load at its buffer, a value
- * kept for the group at its group-wide array. */
-static void bind(Eager *e, Ref r, int t) {
+/* Points value r at a piece's elements: a load at its buffer, a value kept
+ * for the group at its group-wide array. */
+static void bind(Eager *e, Ref r, const Piece *pc) {
   const Ins *x = &e->g->ins[r];
-  int64_t base = e->l->offset[t];
+  int64_t base = pc->flat;
   if (e->group[r])
     e->arr[r] = elem_ptr(e->group[r], (Type)x->type, base);
   else if (e->donated_to[r] != NOREF) /* same memory, same type */
@@ -402,16 +415,16 @@ static void bind(Eager *e, Ref r, int t) {
     e->arr[r] = elem_ptr(e->bufs[x->buf], (Type)x->type, base);
 }
 
-/* Instruction i of stage `stage` for tensor t. */
-static void run_one(Eager *e, int stage, Ref i, int t) {
+/* Instruction i of stage `stage` for one piece. */
+static void run_one(Eager *e, int stage, Ref i, const Piece *pc) {
   const Graph *g = e->g;
   const Ins *x = &g->ins[i];
-  int64_t n = e->l->numel[t], base = e->l->offset[t];
+  int64_t n = pc->n, base = pc->flat;
   for (int k = 0; k < op_info[x->op].nargs; k++)
-    bind(e, x->args[k], t);
+    bind(e, x->args[k], pc);
   if (x->op == OP_REDUCE) {
     if (e->s.stage[i] == stage + 1 && g->ins[x->args[0]].scope == SCOPE_ELEM)
-      run_reduce(e, i, t);
+      run_reduce(e, i, pc);
     return;
   }
   if (x->op == OP_STORE) {
@@ -454,13 +467,15 @@ static void run_one(Eager *e, int stage, Ref i, int t) {
     if (!e->group[i]) {
       if (donor != NOREF && e->group[donor] && !e->s.cross[i]) {
         e->group[i] = e->group[donor];
-        e->group[donor] = NULL;
+        e->group_mem[i] = e->group_mem[donor];
+        e->group[donor] = e->group_mem[donor] = NULL;
         e->donated_to[donor] = i;
       } else {
-        e->group[i] = alloc_arr(e->l->total, t0);
+        e->group_mem[i] = alloc_arr(e->l->hi - e->l->lo, t0);
+        e->group[i] = elem_ptr(e->group_mem[i], t0, -e->l->lo); /* indexed by flat index */
       }
     }
-    bind(e, i, t);
+    bind(e, i, pc);
     o = e->arr[i];
   } else if (donor != NOREF && e->owned[donor]) {
     o = e->arr[donor];
@@ -472,7 +487,7 @@ static void run_one(Eager *e, int stage, Ref i, int t) {
     e->arr[i] = o;
     e->owned[i] = true;
   }
-  run_op(e, i, o, t, n);
+  run_op(e, i, o, pc);
   if (e->s.in_place[i] != NOREF)
     e->arr[i] = o;
   /* Free this tensor's temporaries after their last use, as torch's
@@ -484,9 +499,9 @@ static void run_one(Eager *e, int stage, Ref i, int t) {
 
 /* torch's for-loop: each tensor, all its ops. */
 static void run_stage_per_tensor(Eager *e, int stage) {
-  for (int t = 0; t < e->l->ntensors; t++)
+  for (int p = 0; p < e->npieces; p++)
     for (int i = 0; i < e->g->nins; i++)
-      run_one(e, stage, i, t);
+      run_one(e, stage, i, &e->pieces[p]);
 }
 
 /* torch's foreach: each op, over all tensors; every intermediate is a list
@@ -494,15 +509,15 @@ static void run_stage_per_tensor(Eager *e, int stage) {
 static void run_stage_foreach(Eager *e, int stage) {
   const Graph *g = e->g;
   for (int i = 0; i < g->nins; i++) {
-    for (int t = 0; t < e->l->ntensors; t++)
-      run_one(e, stage, i, t);
+    for (int p = 0; p < e->npieces; p++)
+      run_one(e, stage, i, &e->pieces[p]);
     const Ins *x = &g->ins[i];
     bool ran = e->s.stage[i] == stage || (x->op == OP_STORE && stage == e->s.last);
     for (int k = 0; ran && k < op_info[x->op].nargs; k++) {
       Ref a = x->args[k];
-      if (e->s.last_use[a] == i && !e->s.cross[a] && e->group[a]) {
-        free(e->group[a]);
-        e->group[a] = NULL;
+      if (e->s.last_use[a] == i && !e->s.cross[a] && e->group_mem[a]) {
+        free(e->group_mem[a]);
+        e->group[a] = e->group_mem[a] = NULL;
       }
     }
   }
@@ -532,12 +547,19 @@ int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const Ste
   for (size_t i = 0; i < n; i++)
     e.donated_to[i] = NOREF;
   e.part = calloc((size_t)l->nchunks + 1, sizeof(double));
-  e.chunk0 = calloc((size_t)l->ntensors + 2, sizeof(int64_t));
-  ASSERT(e.step && e.arr && e.owned && e.part && e.chunk0);
-  for (int64_t c = 0, t = 0; t <= l->ntensors; t++) {
-    while (c < l->nchunks && l->chunks[c].tensor < t)
-      c++;
-    e.chunk0[t] = c;
+  e.group_mem = calloc(n, sizeof(void *));
+  e.pieces = calloc((size_t)l->nchunks + 1, sizeof(Piece));
+  ASSERT(e.step && e.arr && e.owned && e.part && e.group_mem && e.pieces);
+  /* the pieces: runs of consecutive chunks of one tensor */
+  for (int64_t c = 0; c < l->nchunks; c++) {
+    const Chunk *ch = &l->chunks[c];
+    Piece *last = e.npieces ? &e.pieces[e.npieces - 1] : NULL;
+    if (last && last->tensor == ch->tensor && last->flat + last->n == ch->flat) {
+      last->n += ch->len;
+      last->c1 = c + 1;
+    } else {
+      e.pieces[e.npieces++] = (Piece){ch->tensor, ch->flat, ch->start, ch->len, c, c + 1};
+    }
   }
   /* Values read across stages live in group-wide arrays (torch keeps them
    * as tensors: p.grad after scale_grads); with foreach, every
@@ -549,9 +571,9 @@ int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const Ste
   if (ok && (!args || args->grads_finite < 0)) {
     for (int b = 0; b < g->nbufs && ok; b++)
       if (g->bufs[b].kind == BUF_GRAD)
-        for (int t = 0; t < l->ntensors && ok; t++)
-          for (int64_t k = 0; k < l->numel[t] && ok; k++) {
-            Operand o = {.p = elem_ptr(bufs[b], (Type)g->bufs[b].type, l->offset[t]), .t = (Type)g->bufs[b].type};
+        for (int p = 0; p < e.npieces && ok; p++)
+          for (int64_t k = 0; k < e.pieces[p].n && ok; k++) {
+            Operand o = {.p = elem_ptr(bufs[b], (Type)g->bufs[b].type, e.pieces[p].flat), .t = (Type)g->bufs[b].type};
             ok = isfinite(interp_scalar_to_double(at(o, k), o.t));
           }
   }
@@ -575,7 +597,7 @@ int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const Ste
   for (size_t i = 0; i < n; i++) {
     if (e.owned[i])
       free(e.arr[i]);
-    free(e.group[i]);
+    free(e.group_mem[i]);
   }
   free(e.group);
   free(e.keep);
@@ -584,7 +606,8 @@ int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const Ste
   free(e.arr);
   free(e.owned);
   free(e.part);
-  free(e.chunk0);
+  free(e.pieces);
+  free(e.group_mem);
   sched_free(&e.s);
   return 0;
 }

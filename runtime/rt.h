@@ -115,3 +115,18 @@ int inventory_tensors(const ModelConfig *m, bool torchtune, InvTensor **out);
 
 /* ---- bench/bench.c: optc bench ------------------------------------------------------------ */
 int bench_optimizer(int argc, char **argv);
+
+/* ---- sched.c: learning-rate schedules ---------------------------------------------------- */
+typedef enum { SCHED_CONSTANT, SCHED_COSINE_WARMUP } SchedKind;
+
+typedef struct {
+  SchedKind kind;
+  long warmup, total; /* steps */
+  double num_cycles;
+} Schedule;
+
+/* The recipe's lr_scheduler (constant when absent); total_steps is what
+ * torchtune would pass as num_training_steps, unless the recipe gives it. */
+int sched_from_recipe(const Recipe *r, long total_steps, Schedule *out);
+/* The lr of optimizer step `step` (from 1), as torch's LambdaLR gives it. */
+double sched_lr(const Schedule *s, double base_lr, long step);
