@@ -383,11 +383,12 @@ static int cmd_exec(int argc, char **argv) {
   rc = 1;
   NonfiniteMode nonfinite = NONFINITE_SKIP;
   Graph *g;
+  Recipe *recipe = NULL;
   if (ends_with(config, ".yaml") || ends_with(config, ".yml")) {
-    Recipe *r = recipe_load(config, overrides, nov, arena);
-    g = r ? frontend_build(r) : NULL;
-    if (r)
-      nonfinite = r->nonfinite;
+    recipe = recipe_load(config, overrides, nov, arena);
+    g = recipe ? frontend_build(recipe) : NULL;
+    if (recipe)
+      nonfinite = recipe->nonfinite;
   } else {
     if (nov > 0) {
       error("KEY=VALUE overrides apply to recipes (.yaml), not to '%s'", config);
@@ -433,6 +434,13 @@ static int cmd_exec(int argc, char **argv) {
   have_group = true;
   Ref step_ref = graph_find_input(g, "step");
   int skipped = 0;
+  /* The recipe's lr schedule feeds %lr every step: a runtime input, so it
+   * never recompiles. torchtune's num_training_steps: this run's last step. */
+  Schedule sched = {.kind = SCHED_CONSTANT};
+  Ref lr_ref = graph_find_input(g, "lr");
+  double base_lr = lr_ref != NOREF ? vals[lr_ref] : 0;
+  if (recipe && sched_from_recipe(recipe, (long)pg.step + steps, &sched) != 0)
+    goto done;
   /* Every step gets the same fresh grads, as a new backward would: a graph
    * that writes the scaled grads back (as torch does to p.grad) must not
    * feed them to the next step. */
@@ -452,6 +460,8 @@ static int cmd_exec(int argc, char **argv) {
       memcpy(pg.bufs[gbuf], grads0, gbytes);
     if (step_ref != NOREF)
       vals[step_ref] = pg.step + 1;
+    if (lr_ref != NOREF)
+      vals[lr_ref] = sched_lr(&sched, base_lr, (long)pg.step + 1);
     StepArgs args = {.inputs = vals, .grads_finite = finite};
     StepResult res;
     if (executor_step(&ex, &pg, &args, &res) != 0)
@@ -477,6 +487,10 @@ static int cmd_exec(int argc, char **argv) {
   snprintf(num, sizeof num, "%g", pg.step);
   tf_set_meta(&out, "optc.step", num);
   tf_set_meta(&out, "optc.backend", backend_names[backend]);
+  snprintf(num, sizeof num, "%d", cpu_compile_count());
+  tf_set_meta(&out, "optc.compiles", num);
+  snprintf(num, sizeof num, "%.17g", lr_ref != NOREF ? vals[lr_ref] : 0.0);
+  tf_set_meta(&out, "optc.last_lr", num);
   if (st_write(out_path, &out) != 0)
     goto done;
   rc = 0;
