@@ -31,6 +31,7 @@ typedef struct {
   V *tensor;      /* (ntensors * nins) tensor-scope values */
   V *elem;        /* (nins) the element being evaluated */
   double *part;   /* (nchunks) partials of the reduction being accumulated */
+  const Reducer *reducer;
   int max_stage;
 } Interp;
 
@@ -388,19 +389,27 @@ static void fold(Interp *in, Ref r) {
     in->step[r].d = acc;
     return;
   }
+  bool is_max = k == RED_MAX || k == RED_ABSMAX;
+  const double *part = in->part;
+  double *global = NULL;
+  if (in->reducer) {
+    l = in->reducer->global;
+    global = malloc(sizeof(double) * ((size_t)l->nchunks + 1));
+    ASSERT(global);
+    in->reducer->gather(in->reducer->ctx, in->part, in->l->nchunks, 1, global);
+    part = global;
+  }
   if (g->ins[r].to == SCOPE_STEP) {
-    double acc = red_init(k);
-    for (int64_t c = 0; c < l->nchunks; c++)
-      acc = red_combine(k, acc, in->part[c]);
-    in->step[r].d = acc;
-    return;
+    in->step[r].d = layout_fold(part, l->nchunks, 1, 0, is_max);
+  } else {
+    double *per = malloc(sizeof(double) * ((size_t)l->ntensors + 1));
+    ASSERT(per);
+    layout_fold_tensors(l, part, 1, 0, is_max, per);
+    for (int t = 0; t < l->ntensors; t++)
+      tensor_val(in, t, r)->d = per[t];
+    free(per);
   }
-  for (int t = 0; t < l->ntensors; t++)
-    tensor_val(in, t, r)->d = red_init(k);
-  for (int64_t c = 0; c < l->nchunks; c++) {
-    V *v = tensor_val(in, l->chunks[c].tensor, r);
-    v->d = red_combine(k, v->d, in->part[c]);
-  }
+  free(global);
 }
 
 static bool grads_finite(const Interp *in) {
@@ -438,12 +447,14 @@ int interp_step(const Graph *g, const GroupLayout *l, void *const *bufs, const S
       error("interpreter: option '%%%s' is unresolved; build the graph from a recipe", g->ins[i].name);
       return -1;
     }
-  Interp in = {.g = g, .l = l, .bufs = bufs, .inputs = args ? args->inputs : NULL};
+  Interp in = {.g = g, .l = l, .bufs = bufs, .inputs = args ? args->inputs : NULL,
+               .reducer = args ? args->reducer : NULL};
   size_t n = (size_t)g->nins + 1;
   in.stage = calloc(n, sizeof(int));
   in.step = calloc(n, sizeof(V));
   in.elem = calloc(n, sizeof(V));
-  in.tensor = calloc(n * (size_t)(l->ntensors + 1), sizeof(V));
+  int ntensors = in.reducer ? in.reducer->global->ntensors : l->ntensors;
+  in.tensor = calloc(n * (size_t)(ntensors + 1), sizeof(V));
   in.part = calloc((size_t)l->nchunks + 1, sizeof(double));
   ASSERT(in.stage && in.step && in.elem && in.tensor && in.part);
   memset(res, 0, sizeof *res);
@@ -452,6 +463,8 @@ int interp_step(const Graph *g, const GroupLayout *l, void *const *bufs, const S
   bool ok = !args || args->grads_finite != 0;
   if (ok && (!args || args->grads_finite < 0))
     ok = grads_finite(&in);
+  if (in.reducer)
+    ok = in.reducer->all(in.reducer->ctx, ok);
   for (int s = 0; ok && s <= in.max_stage; s++) {
     eval_step_values(&in, s);
     eval_tensor_values(&in, s);

@@ -1,6 +1,7 @@
 /* layout.c: a group's flat layout and its chunk table. */
 #include "plan.h"
 
+#include <math.h>
 #include <string.h>
 
 static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
@@ -59,4 +60,23 @@ void layout_free(GroupLayout *l) {
   free(l->offset);
   free(l->chunks);
   memset(l, 0, sizeof *l);
+}
+
+double layout_fold(const double *part, int64_t nchunks, int width, int idx, bool is_max) {
+  double acc = is_max ? -INFINITY : 0.0;
+  for (int64_t c = 0; c < nchunks; c++) {
+    double v = part[c * width + idx];
+    acc = is_max ? optc_max_nan(acc, v) : acc + v;
+  }
+  return acc;
+}
+
+void layout_fold_tensors(const GroupLayout *l, const double *part, int width, int idx, bool is_max, double *out) {
+  for (int t = 0; t < l->ntensors; t++)
+    out[t] = is_max ? -INFINITY : 0.0;
+  for (int64_t c = 0; c < l->nchunks; c++) {
+    double v = part[c * width + idx];
+    double *acc = &out[l->chunks[c].tensor];
+    *acc = is_max ? optc_max_nan(*acc, v) : *acc + v;
+  }
 }

@@ -37,12 +37,33 @@ void layout_init(GroupLayout *l, int n, const int64_t *numel);
 void layout_restrict(GroupLayout *l, int64_t lo, int64_t hi);
 void layout_free(GroupLayout *l);
 
+/* Folds chunk partials in chunk order (chunk c's at part[c * width + idx]):
+ * sums, or NaN-propagating maxima. The whole group's value... */
+double layout_fold(const double *part, int64_t nchunks, int width, int idx, bool is_max);
+/* ...or each tensor's, into out[t] for the tensors of l (l's chunks). */
+void layout_fold_tensors(const GroupLayout *l, const double *part, int width, int idx, bool is_max, double *out);
+
+/* ---- across ranks ---------------------------------------------------------------
+ * On one rank of a sharded group, the chunks of a reduction are spread over
+ * the ranks. An executor hands its chunk partials to the reducer, gets back
+ * every rank's in global chunk order, and folds those: the bits do not
+ * depend on the world size. */
+typedef struct {
+  const GroupLayout *global; /* the whole group: its chunks, in global order */
+  /* local (nlocal x width) -> global (global->nchunks x width) */
+  int (*gather)(void *ctx, const double *local, int64_t nlocal, int width, double *global);
+  /* 1 when every rank's local flag is 1 */
+  int (*all)(void *ctx, int local);
+  void *ctx;
+} Reducer;
+
 /* ---- the values one step runs with ------------------------------------------ */
 typedef struct {
   const double *inputs; /* (g->nins) the value of each INPUT instruction, by its ref */
   /* What the producer of the grads learned while writing them: 1 all finite,
    * 0 some NaN or Inf, -1 unknown (the executor finds out). */
   int grads_finite;
+  const Reducer *reducer; /* NULL: the layout holds the whole group */
 } StepArgs;
 
 typedef struct {

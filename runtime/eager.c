@@ -146,6 +146,7 @@ typedef struct {
   const GroupLayout *l;
   void *const *bufs;
   const double *inputs;
+  const Reducer *reducer;
   ThreadPool *pool; /* NULL: one thread */
   Scalar *step;   /* (nins) step values */
   void **arr;     /* (nins) this tensor's elements of each value */
@@ -365,13 +366,19 @@ static void run_reduce(Eager *e, Ref r, const Piece *pc) {
   }
 }
 
+/* The step-scope value of a reduction: this layout's chunk partials, or,
+ * on a shard, every rank's in global order. */
 static double fold_partials(const Eager *e, RedKind k) {
-  double acc = k == RED_SUM || k == RED_SUMSQ ? 0.0 : -INFINITY;
-  for (int64_t c = 0; c < e->l->nchunks; c++) {
-    double v = e->part[c];
-    acc = k == RED_SUM || k == RED_SUMSQ ? acc + v : (acc != acc ? acc : v != v ? v : (acc < v ? v : acc));
-  }
-  return acc;
+  bool is_max = k == RED_MAX || k == RED_ABSMAX;
+  if (!e->reducer)
+    return layout_fold(e->part, e->l->nchunks, 1, 0, is_max);
+  const GroupLayout *gl = e->reducer->global;
+  double *global = malloc(sizeof(double) * ((size_t)gl->nchunks + 1));
+  ASSERT(global);
+  e->reducer->gather(e->reducer->ctx, e->part, e->l->nchunks, 1, global);
+  double v = layout_fold(global, gl->nchunks, 1, 0, is_max);
+  free(global);
+  return v;
 }
 
 static void eval_step_values(Eager *e, int stage) {
@@ -534,7 +541,13 @@ int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const Ste
       error("eager: option '%%%s' is unresolved", g->ins[i].name);
       return -1;
     }
-  Eager e = {.g = g, .l = l, .bufs = bufs, .inputs = args ? args->inputs : NULL, .pool = pool};
+  for (int i = 0; i < g->nins; i++)
+    if (g->ins[i].op == OP_REDUCE && g->ins[i].to != SCOPE_STEP) {
+      error_at(g->ins[i].pos, "eager: reductions to tensor scope are not supported; use --backend interp or cpu");
+      return -1;
+    }
+  Eager e = {.g = g, .l = l, .bufs = bufs, .inputs = args ? args->inputs : NULL, .pool = pool,
+             .reducer = args ? args->reducer : NULL};
   sched_init(&e.s, g);
   size_t n = (size_t)g->nins + 1;
   e.step = calloc(n, sizeof(Scalar));
@@ -577,6 +590,8 @@ int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const Ste
             ok = isfinite(interp_scalar_to_double(at(o, k), o.t));
           }
   }
+  if (e.reducer)
+    ok = e.reducer->all(e.reducer->ctx, ok);
   for (int s = 0; ok && s <= e.s.last; s++) {
     eval_step_values(&e, s);
     if (foreach)
@@ -589,7 +604,7 @@ int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const Ste
       e.step[r].d = fold_partials(&e, (RedKind)g->ins[r].red);
       if (res->nred < (int)ARRAY_LEN(res->red))
         res->red[res->nred++] = e.step[r].d;
-      if (!isfinite(e.step[r].d) && l->nchunks > 0)
+      if (!isfinite(e.step[r].d) && (e.reducer ? e.reducer->global : l)->nchunks > 0)
         ok = false;
     }
   }

@@ -172,50 +172,53 @@ int cpu_step(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLayo
              const StepArgs *args, StepResult *res) {
   const Plan *p = g->plan;
   memset(res, 0, sizeof *res);
+  const Reducer *red = args ? args->reducer : NULL;
+  const GroupLayout *gl = red ? red->global : l; /* the chunks the reductions fold over */
   bool ok = !args || args->grads_finite != 0;
   if (ok && (!args || args->grads_finite < 0))
     ok = grads_all_finite(g, l, bufs);
+  if (red)
+    ok = red->all(red->ctx, ok);
   int maxred = 1;
   for (int k = 0; k < p->nphases; k++)
     maxred = MAX(maxred, p->phases[k].nreds);
   Scalar *step = calloc((size_t)g->nins + 1, sizeof(Scalar));
-  Scalar *tvals = calloc(((size_t)l->ntensors + 1) * ((size_t)g->nins + 1), sizeof(Scalar));
+  Scalar *tvals = calloc(((size_t)gl->ntensors + 1) * ((size_t)g->nins + 1), sizeof(Scalar));
   double *partials = malloc(sizeof(double) * ((size_t)l->nchunks + 1) * (size_t)maxred);
-  ASSERT(step && tvals && partials);
+  double *global = red ? malloc(sizeof(double) * ((size_t)gl->nchunks + 1) * (size_t)maxred) : partials;
+  double *per_tensor = malloc(sizeof(double) * ((size_t)gl->ntensors + 1));
+  ASSERT(step && tvals && partials && global && per_tensor);
   for (int k = 0; ok && k < p->nphases; k++) {
     const PlanPhase *ph = &p->phases[k];
     interp_eval_steps(g, ph->step_lo, ph->step_hi, args ? args->inputs : NULL, step);
     PhaseRun run = {cpu_program_phase(prog, k), l, bufs, step, tvals, partials, ph->nreds ? ph->nreds : 1};
     pool_run(pool, run_range, &run, l->nchunks);
+    if (ph->nreds && red)
+      red->gather(red->ctx, partials, l->nchunks, run.nred, global);
     for (int i = 0; i < ph->nreds; i++) {
       Ref r = ph->reds[i];
       RedKind kind = (RedKind)g->ins[r].red;
       bool is_max = kind == RED_MAX || kind == RED_ABSMAX;
       if (g->ins[r].to == SCOPE_STEP) {
-        double acc = is_max ? -INFINITY : 0.0;
-        for (int64_t c = 0; c < l->nchunks; c++) {
-          double v = partials[c * run.nred + i];
-          acc = is_max ? optc_max_nan(acc, v) : acc + v;
-        }
+        double acc = layout_fold(global, gl->nchunks, run.nred, i, is_max);
         step[r].d = acc;
         if (res->nred < (int)ARRAY_LEN(res->red))
           res->red[res->nred++] = acc;
-        if (!isfinite(acc) && l->nchunks > 0)
+        if (!isfinite(acc) && gl->nchunks > 0)
           ok = false;
       } else {
-        for (int t = 0; t < l->ntensors; t++)
-          tvals[(size_t)t * (size_t)g->nins + (size_t)r].d = is_max ? -INFINITY : 0.0;
-        for (int64_t c = 0; c < l->nchunks; c++) {
-          double *acc = &tvals[(size_t)l->chunks[c].tensor * (size_t)g->nins + (size_t)r].d;
-          double v = partials[c * run.nred + i];
-          *acc = is_max ? optc_max_nan(*acc, v) : *acc + v;
-        }
+        layout_fold_tensors(gl, global, run.nred, i, is_max, per_tensor);
+        for (int t = 0; t < gl->ntensors; t++)
+          tvals[(size_t)t * (size_t)g->nins + (size_t)r].d = per_tensor[t];
       }
     }
   }
   res->skipped = !ok;
   free(step);
   free(tvals);
+  if (global != partials)
+    free(global);
   free(partials);
+  free(per_tensor);
   return 0;
 }
