@@ -147,5 +147,9 @@ struct Coll {
 /* Splits count elements into size blocks as all-reduce does: block b is
  * [count*b/size, count*(b+1)/size). */
 void coll_blocks(int64_t count, int size, int64_t *off, int64_t *len);
+/* Host memory, for local and mpi: 64-byte aligned and zeroed. */
+void *coll_host_alloc(Coll *c, size_t bytes);
+void coll_host_free(Coll *c, void *p);
+int coll_host_copy(Coll *c, void *dst, const void *src, size_t bytes);
 /* The timeout from $OPTC_COLL_TIMEOUT, or 0. */
 double coll_default_timeout(void);

@@ -88,7 +88,7 @@ void prompt_format(PromptTemplate tpl, const char *instruction, const char *inpu
  * `packed`). Every component takes
  *   packed: bool (false), holdout_fraction: number in [0, 1) (0; see each).
  * _component_:
- *   torchtune.datasets.alpaca_dataset  (alias optc.datasets.alpaca)
+ *   torchtune.datasets.alpaca_dataset
  *     source: PATH.jsonl | json     data_files: PATH | [PATH, ...] (with source json)
  *     column_map: {instruction, input, output}   train_on_input: bool (false)
  *     split: train   template: alpaca | compact (alpaca)   on_bad_line: error | skip (error)

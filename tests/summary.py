@@ -23,7 +23,7 @@ def count(build):
     for line in open(log, encoding="utf-8"):
         t = json.loads(line)
         name, result = t["name"], t["result"]
-        if name == "lit":
+        if name == "lit" or name.endswith("/ lit"):
             xml = os.path.join(build, "tests", "lit.xml")
             if result in ("OK", "FAIL") and os.path.exists(xml):
                 for case in ET.parse(xml).getroot().iter("testcase"):

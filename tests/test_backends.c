@@ -297,7 +297,7 @@ static void test_index64(void) {
   for (int copy = 0; copy < 2; copy++)
     for (int b = 0; b < g->nbufs; b++) {
       int es = type_size(g->bufs[b].type);
-      mem[copy][b] = aligned_alloc(64, (size_t)(N + 64) * (size_t)es);
+      mem[copy][b] = aligned_alloc(64, ((size_t)(N + 64) * (size_t)es + 63) / 64 * 64);
       /* the kernel adds FLAT elements back */
       bufs[copy][b] = (char *)mem[copy][b] - FLAT * es;
     }
