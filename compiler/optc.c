@@ -1,4 +1,5 @@
 /* optc.c: the command line. */
+#include "../runtime/coll.h"
 #include "../runtime/rt.h"
 #include "frontend.h"
 #include "passes.h"
@@ -53,7 +54,11 @@ static const char usage_exec[] =
     "  --backend NAME       interp: the reference interpreter (the default)\n"
     "                       eager: the front end's graph op by op, as torch eager\n"
     "                       cpu: the compiled step (LLVM), multithreaded\n"
-    "  --threads N          threads for --backend cpu (default: the cores available)\n"
+    "  --threads N          threads for --backend cpu (default: the cores available,\n"
+    "                       divided among the ranks)\n"
+    "  --nproc N            run the step sharded over N ranks (FSDP-style: grads\n"
+    "                       reduce-scattered, params all-gathered) under mpirun;\n"
+    "                       the output is byte-identical to --nproc 1\n"
     "  --set NAME=VALUE     a runtime input (lr, num_tokens, world_size, max_norm, ...)\n"
     "                       or, for an .optir CONFIG, an option (amsgrad=true)\n"
     "  KEY=VALUE            override a recipe key (optimizer.lr=1e-4)\n"
@@ -310,7 +315,11 @@ static int cmd_exec(int argc, char **argv) {
   void *grads0 = NULL;
   Executor ex;
   bool have_ex = false;
-  int threads = 0;
+  int threads = 0, nproc = 1;
+  bool mpi_rank = false; /* one of --nproc's ranks, started by mpirun */
+  Coll *coll = NULL;
+  Fsdp fsdp;
+  bool have_fsdp = false;
   Binding *input_sets = NULL; /* for an .optir CONFIG: the --sets that are not options */
   int ninput_sets = 0;
   for (int i = 0; i < argc; i++) {
@@ -320,6 +329,10 @@ static int cmd_exec(int argc, char **argv) {
       fputs(usage_exec, stdout);
       rc = 0;
       goto done;
+    }
+    if (!strcmp(a, "--mpi-rank")) {
+      mpi_rank = true;
+      continue;
     }
     if (a[0] == '-' && a[1] == '-' && strchr(a, '=')) {
       v = strchr(a, '=') + 1; /* --flag=value */
@@ -344,6 +357,14 @@ static int cmd_exec(int argc, char **argv) {
       const char *s = TAKE();
       if (!s || !backend_from_name(s, &backend)) {
         error("unknown --backend '%s'; expected one of: interp, eager, cpu", s ? s : "");
+        goto done;
+      }
+    } else if (FLAG("--nproc")) {
+      const char *s = TAKE();
+      char *end;
+      nproc = s ? (int)strtol(s, &end, 10) : 0;
+      if (!s || *end || nproc < 1 || nproc > 4096) {
+        error("--nproc needs a whole number from 1 to 4096");
         goto done;
       }
     } else if (FLAG("--threads")) {
@@ -380,7 +401,37 @@ static int cmd_exec(int argc, char **argv) {
     error("exec needs CONFIG, --in and --out (see optc exec --help)");
     goto done;
   }
+  if (nproc > 1 && !mpi_rank) {
+    /* every rank runs this same command; --nproc itself goes */
+    char **av = calloc((size_t)argc + 1, sizeof(char *));
+    int k = 0;
+    for (int i = 0; i < argc; i++) {
+      if (!strcmp(argv[i], "--nproc")) {
+        i++;
+        continue;
+      }
+      if (!strncmp(argv[i], "--nproc=", 8))
+        continue;
+      av[k++] = argv[i];
+    }
+    char *cmd_argv[1] = {"exec"};
+    char **full = calloc((size_t)k + 2, sizeof(char *));
+    full[0] = cmd_argv[0];
+    memcpy(full + 1, av, sizeof(char *) * (size_t)k);
+    rc = launch_mpirun(nproc, k + 1, full, threads ? threads : MAX(1, pool_default_threads() / nproc));
+    free(av);
+    free(full);
+    goto done;
+  }
   rc = 1;
+  if (mpi_rank) {
+    char why[256];
+    coll = coll_mpi(NULL, NULL, why, sizeof why);
+    if (!coll) {
+      error("%s", why);
+      goto done;
+    }
+  }
   NonfiniteMode nonfinite = NONFINITE_SKIP;
   Graph *g;
   Recipe *recipe = NULL;
@@ -432,6 +483,14 @@ static int cmd_exec(int argc, char **argv) {
   if (group_from_file(&pg, g, &in, vals, &finite) != 0)
     goto done;
   have_group = true;
+  if (coll) {
+    /* every rank read the whole file; each keeps its slice */
+    if (fsdp_init(&fsdp, coll, g, pg.ntensors, pg.layout.numel) != 0)
+      goto done;
+    have_fsdp = true;
+    fsdp_load(&fsdp, &pg, coll_rank(coll) == 0);
+  }
+  bool talk = !coll || coll_rank(coll) == 0;
   Ref step_ref = graph_find_input(g, "step");
   int skipped = 0;
   /* The recipe's lr schedule feeds %lr every step: a runtime input, so it
@@ -456,26 +515,36 @@ static int cmd_exec(int argc, char **argv) {
   if (grads0)
     memcpy(grads0, pg.bufs[gbuf], gbytes);
   for (long s = 0; s < steps; s++) {
-    if (grads0)
+    if (grads0 && !coll)
       memcpy(pg.bufs[gbuf], grads0, gbytes);
+    double now = coll ? fsdp.step : pg.step;
     if (step_ref != NOREF)
-      vals[step_ref] = pg.step + 1;
+      vals[step_ref] = now + 1;
     if (lr_ref != NOREF)
-      vals[lr_ref] = sched_lr(&sched, base_lr, (long)pg.step + 1);
+      vals[lr_ref] = sched_lr(&sched, base_lr, (long)now + 1);
     StepArgs args = {.inputs = vals, .grads_finite = finite};
     StepResult res;
-    if (executor_step(&ex, &pg, &args, &res) != 0)
+    if ((coll ? fsdp_step(&fsdp, &ex, vals, &res) : executor_step(&ex, &pg, &args, &res)) != 0)
       goto done;
     if (res.skipped) {
       if (nonfinite == NONFINITE_ERROR) {
-        error("step %g: non-finite gradients (nonfinite_grads: error); %s not written", pg.step + 1, out_path);
+        if (talk)
+          error("step %g: non-finite gradients (nonfinite_grads: error); %s not written", now + 1, out_path);
         goto done;
       }
-      fprintf(stderr, "optc: step %g skipped: non-finite gradients; params and states unchanged\n", pg.step + 1);
+      if (talk)
+        fprintf(stderr, "optc: step %g skipped: non-finite gradients; params and states unchanged\n", now + 1);
       skipped++;
       continue;
     }
-    pg.step += 1;
+    if (!coll)
+      pg.step += 1;
+  }
+  if (coll && fsdp_store(&fsdp, &pg) != 0)
+    goto done;
+  if (!talk) { /* rank 0 writes */
+    rc = 0;
+    goto done;
   }
   if (group_to_file(&pg, &in, &out) != 0)
     goto done;
@@ -487,6 +556,8 @@ static int cmd_exec(int argc, char **argv) {
   snprintf(num, sizeof num, "%g", pg.step);
   tf_set_meta(&out, "optc.step", num);
   tf_set_meta(&out, "optc.backend", backend_names[backend]);
+  snprintf(num, sizeof num, "%d", coll ? coll_size(coll) : 1);
+  tf_set_meta(&out, "optc.nproc", num);
   snprintf(num, sizeof num, "%d", cpu_compile_count());
   tf_set_meta(&out, "optc.compiles", num);
   snprintf(num, sizeof num, "%.17g", lr_ref != NOREF ? vals[lr_ref] : 0.0);
@@ -495,10 +566,13 @@ static int cmd_exec(int argc, char **argv) {
     goto done;
   rc = 0;
 done:
+  if (have_fsdp)
+    fsdp_free(&fsdp);
   if (have_group)
     group_free(&pg);
   if (have_ex)
     executor_free(&ex);
+  coll_free(coll);
   tf_free(&in);
   tf_free(&out);
   for (int k = 0; k < nsets; k++)

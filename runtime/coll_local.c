@@ -105,9 +105,16 @@ double coll_default_timeout(void) {
 
 /* ---- the rank-order reduction ------------------------------------------------------
  * A tile of elements is accumulated in a local array, rank by rank, and
- * stored at the end: the inner loops run over contiguous elements (they
- * vectorize), and out may be one of the inputs. */
+ * stored at the end: the inner loops run over contiguous elements, and out
+ * may be one of the inputs. Each element's sum is its own, so vector code
+ * gives the same bits; the build compiles this file with -O3, which
+ * vectorizes the bf16 loops (3x faster than -O2's scalar code). */
 enum { TILE = 512 };
+
+/* optc_max_nan in the element's own type, so that the result is one of
+ * the inputs bit for bit (NaN payloads included). */
+static inline float max_f32(float a, float b) { return a != a ? a : b != b ? b : a < b ? b : a; }
+static inline double max_f64(double a, double b) { return a != a ? a : b != b ? b : a < b ? b : a; }
 
 static void tile_f32(float *out, const void *const *in, int n, int64_t lo, int m, CollRed op) {
   float acc[TILE];
@@ -119,7 +126,7 @@ static void tile_f32(float *out, const void *const *in, int n, int64_t lo, int m
         acc[j] += x[j];
     else
       for (int j = 0; j < m; j++)
-        acc[j] = (float)optc_max_nan(acc[j], x[j]);
+        acc[j] = max_f32(acc[j], x[j]);
   }
   memcpy(out + lo, acc, (size_t)m * 4);
 }
@@ -134,7 +141,7 @@ static void tile_f64(double *out, const void *const *in, int n, int64_t lo, int 
         acc[j] += x[j];
     else
       for (int j = 0; j < m; j++)
-        acc[j] = optc_max_nan(acc[j], x[j]);
+        acc[j] = max_f64(acc[j], x[j]);
   }
   memcpy(out + lo, acc, (size_t)m * 8);
 }
@@ -153,7 +160,7 @@ static void tile_bf16(uint16_t *out, const void *const *in, int n, int64_t lo, i
         acc[j] += optc_bf16_to_f32(x[j]);
     else
       for (int j = 0; j < m; j++)
-        acc[j] = (float)optc_max_nan(acc[j], optc_bf16_to_f32(x[j]));
+        acc[j] = max_f32(acc[j], optc_bf16_to_f32(x[j]));
   }
   if (op == COLL_SUM)
     for (int j = 0; j < m; j++)

@@ -490,7 +490,7 @@ static void syn_letters(uint64_t *st, int lo, int hi, Buf *b) {
 
 /* One sample of a task chosen uniformly; in, out get the input and output. */
 static void syn_one(uint64_t *st, Buf *ins, Buf *in, Buf *out) {
-  int task = (int)rand_below(st, 10);
+  int task = (int)rand_below(st, 12);
   switch (task) {
   case 0: {
     int a = rand_range(st, 0, 99), b = rand_range(st, 0, 99);
@@ -539,7 +539,7 @@ static void syn_one(uint64_t *st, Buf *ins, Buf *in, Buf *out) {
     break;
   case 7: {
     buf_puts(ins, "Convert the text to upper case.");
-    int n = rand_range(st, 1, 3);
+    int n = rand_range(st, 2, 3);
     for (int i = 0; i < n; i++)
       buf_printf(in, "%s%s", i ? " " : "", syn_words[rand_below(st, ARRAY_LEN(syn_words))]);
     for (size_t i = 0; i < in->len; i++)
@@ -560,6 +560,16 @@ static void syn_one(uint64_t *st, Buf *ins, Buf *in, Buf *out) {
     for (int c = 0; c < 26; c++)
       for (int k = 0; k < count[c]; k++)
         buf_putc(out, (char)('a' + c));
+    break;
+  }
+  case 10:
+  case 11: {
+    /* counting runs: long answers, each number predictable from the last */
+    int k = rand_range(st, 3, 8), up = task == 10;
+    int a = up ? rand_range(st, 0, 990) : rand_range(st, k - 1, 999), b = up ? a + k - 1 : a - k + 1;
+    buf_printf(ins, "Count %s from %d to %d.", up ? "up" : "down", a, b);
+    for (int i = 0; i < k; i++)
+      buf_printf(out, "%s%d", i ? " " : "", up ? a + i : a - i);
     break;
   }
   default: unreachable();

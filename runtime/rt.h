@@ -130,3 +130,42 @@ typedef struct {
 int sched_from_recipe(const Recipe *r, long total_steps, Schedule *out);
 /* The lr of optimizer step `step` (from 1), as torch's LambdaLR gives it. */
 double sched_lr(const Schedule *s, double base_lr, long step);
+
+/* ---- fsdp.c: a sharded parameter group and its step ------------------------------------- */
+typedef struct Coll Coll; /* coll.h */
+
+typedef struct {
+  Coll *coll;
+  int rank, world;
+  const Graph *g;       /* the optimized graph, whose buffers these are */
+  int pbuf, gbuf;       /* its param and grad buffers */
+  GroupLayout full;     /* every tensor of the group */
+  GroupLayout shard;    /* this rank's chunks: flat [lo, hi) */
+  int64_t S, P;         /* slice length (a multiple of OPTC_REDUCE_BLOCK); padded total N*S */
+  int64_t lo, hi;
+  int64_t *rank_c0;     /* (world + 1) each rank's first chunk in full.chunks */
+  void *params;         /* (P) full params: forward and backward read them */
+  void *grads;          /* (P) full grads: backward writes them */
+  void **mem;           /* (nbufs) the owned slice of each other buffer (S elements) */
+  void **bufs;          /* (nbufs) pointers the executors index by flat index */
+  Reducer reducer;      /* chunk partials across ranks, in global order */
+  double step;
+} Fsdp;
+
+/* Lays out n tensors over the ranks of coll and allocates. The caller frees with fsdp_free. */
+int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel);
+void fsdp_free(Fsdp *f);
+/* From a whole group (every rank holds the same): params, this rank's
+ * slices of the states, and the grads, which only the rank with
+ * contribute_grads adds in (the others add -0.0, so the sum is exact). */
+int fsdp_load(Fsdp *f, const ParamGroup *pg, bool contribute_grads);
+/* Gathers params and states back into a whole group on every rank. */
+int fsdp_store(Fsdp *f, ParamGroup *pg);
+/* One step: reduce-scatter the grads, run x over the owned slice with the
+ * reductions folded across ranks, all-gather the params. */
+int fsdp_step(Fsdp *f, Executor *x, const double *inputs, StepResult *res);
+
+/* ---- launch.c: --nproc ---------------------------------------------------------------------- */
+/* Runs `mpirun -np nproc optc ARGS... --mpi-rank` and returns its exit
+ * status; each rank gets --threads threads_per_rank when > 0. */
+int launch_mpirun(int nproc, int argc, char **argv, int threads_per_rank);

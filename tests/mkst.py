@@ -5,7 +5,8 @@ usage: mkst.py OUT.safetensors NAME=DTYPE:SHAPE:VALUES ... [--meta KEY=VALUE]
 
 DTYPE is F32, F64, BF16, F16, I64 or I32; SHAPE is dims joined by 'x'
 (e.g. 2x3), or 'scalar'; VALUES are comma-separated numbers (nan, inf,
--inf allowed), or 'zeros', or 'range' (0, 1, 2, ...). bf16 values are
+-inf allowed), or 'zeros', or 'range' (0, 1, 2, ...), or 'rand:SEED' or
+'rand:SEED:SCALE' (deterministic pseudo-random values in [-SCALE, SCALE)). bf16 values are
 rounded to nearest even from f32.
 """
 import json
@@ -54,6 +55,13 @@ def main():
             values = [0.0] * n
         elif vals == "range":
             values = [float(k) for k in range(n)]
+        elif vals.startswith("rand:"):
+            parts = vals.split(":")
+            state, scale = int(parts[1]) * 2654435761 + 1, float(parts[2]) if len(parts) > 2 else 1.0
+            values = []
+            for _ in range(n):
+                state = (state * 6364136223846793005 + 1442695040888963407) % (1 << 64)
+                values.append(((state >> 40) / float(1 << 24) * 2 - 1) * scale)
         else:
             values = [float(v) for v in vals.split(",")] if vals else []
         if len(values) != n:

@@ -1,0 +1,820 @@
+/* emit_cuda.c: the phase plan as CUDA C.
+ *
+ * Each phase becomes one kernel with the CPU backend's contract:
+ *
+ *   extern "C" __global__ void optc_phaseK(const OptcChunk *chunks, long long nchunks,
+ *       void *const *bufs, const OptcScalar *step, const OptcScalar *tvals, double *partials)
+ *
+ * One thread block runs one chunk (at most OPTC_REDUCE_BLOCK = 4096
+ * elements of one tensor), so one launch covers every tensor of the group.
+ * Thread t takes 8 consecutive elements (j = 8t, 8t + 8 * threads, ...):
+ * one 16-byte vector of bf16, two of f32, when every pointer of the chunk
+ * is 16-byte aligned and all 8 are in the chunk; one by one otherwise, and
+ * the tail stores only what is in the chunk.
+ *
+ * Element j of a chunk goes to lane j % 8 of a reduction, each lane summed
+ * in element order in f64, the lanes combined by numerics.h's
+ * optc_lanes_combine: the interpreter's bits. Each thread writes its
+ * reduction operands to shared memory, lane-major ([lane][j / 8], rows
+ * padded by one against bank conflicts); after a barrier, eight threads
+ * (one warp per reduction) sum their lane in order, and one thread writes
+ * the chunk's partial. A chunk whose staging does not fit in 40 KiB is
+ * staged in segments, one barrier round each.
+ *
+ * Every op is the IEEE op the interpreter performs: NVRTC compiles with
+ * --fmad=false --prec-div=true --prec-sqrt=true, bf16/f16 rounding and
+ * the stochastic-rounding hash are numerics.h itself, pasted in. pow, exp
+ * and log at element scope are CUDA's (max 1-2 ulp), not glibc's: those
+ * (F_TRANSC) values may differ in the last bits from the interpreter; at
+ * step scope they are computed on the host and exact.
+ *
+ * The text is table-driven (op_fmt, and the Lang target description) and
+ * stable: a value used once is inlined into its user, any other gets a
+ * name from its SSA name (v_<name>; x_ loads, s_ step values, t_ tensor
+ * values, o_ stores, st_ staged reduction operands), so expected-output
+ * files diff cleanly. */
+#include "cuda.h"
+
+#include <string.h>
+
+/* ---- the target language ------------------------------------------------------------ */
+
+typedef struct {
+  const char *kernel;       /* before the kernel's name; %d: threads per block */
+  const char *block_index;  /* this block's index */
+  const char *thread_index; /* this thread's index in its block */
+  const char *barrier;
+  const char *shared;       /* a block-shared variable */
+  const char *type[NUM_TYPES];
+  const char *field[NUM_TYPES]; /* how an OptcScalar holds a value of the type */
+} Lang;
+
+static const Lang cuda_lang = {
+    .kernel = "extern \"C\" __global__ void __launch_bounds__(%d)\n",
+    .block_index = "blockIdx.x",
+    .thread_index = "threadIdx.x",
+    .barrier = "__syncthreads()",
+    .shared = "__shared__",
+    .type = {[TY_BOOL] = "bool", [TY_I32] = "int", [TY_I64] = "long long", [TY_F16] = "unsigned short",
+             [TY_BF16] = "unsigned short", [TY_F32] = "float", [TY_F64] = "double"},
+    .field = {[TY_BOOL] = ".i != 0", [TY_I32] = ".i", [TY_I64] = ".i", [TY_F16] = ".h", [TY_BF16] = ".h",
+              [TY_F32] = ".f", [TY_F64] = ".d"},
+};
+
+/* Each op in C: column 0 on f32 (and on bf16/f16, computed in f32),
+ * column 1 on f64. Comparisons and logic read the same in both. The
+ * optc_ helpers are in `helpers` below, written as interp.c computes. */
+static const char *const op_fmt[NUM_OPS][2] = {
+    [OP_ADD] = {"(%s + %s)", "(%s + %s)"},
+    [OP_SUB] = {"(%s - %s)", "(%s - %s)"},
+    [OP_MUL] = {"(%s * %s)", "(%s * %s)"},
+    [OP_DIV] = {"(%s / %s)", "(%s / %s)"},
+    [OP_MIN] = {"optc_minf(%s, %s)", "optc_mind(%s, %s)"},
+    [OP_MAX] = {"optc_maxf(%s, %s)", "optc_maxd(%s, %s)"},
+    [OP_POW] = {"powf(%s, %s)", "pow(%s, %s)"},
+    [OP_NEG] = {"(-%s)", "(-%s)"},
+    [OP_ABS] = {"fabsf(%s)", "fabs(%s)"},
+    [OP_SQRT] = {"sqrtf(%s)", "sqrt(%s)"},
+    [OP_SIGN] = {"optc_signf(%s)", "optc_signd(%s)"},
+    [OP_RSQRT] = {"(1.0f / sqrtf(%s))", "(1.0 / sqrt(%s))"},
+    [OP_EXP] = {"expf(%s)", "exp(%s)"},
+    [OP_LOG] = {"logf(%s)", "log(%s)"},
+    [OP_FMA] = {"fmaf(%s, %s, %s)", "fma(%s, %s, %s)"},
+    [OP_LERP] = {"optc_lerpf(%s, %s, %s)", "optc_lerpd(%s, %s, %s)"},
+    [OP_EQ] = {"(%s == %s)", "(%s == %s)"},
+    [OP_NE] = {"(%s != %s)", "(%s != %s)"},
+    [OP_LT] = {"(%s < %s)", "(%s < %s)"},
+    [OP_LE] = {"(%s <= %s)", "(%s <= %s)"},
+    [OP_GT] = {"(%s > %s)", "(%s > %s)"},
+    [OP_GE] = {"(%s >= %s)", "(%s >= %s)"},
+    [OP_ISFINITE] = {"optc_isfinite(%s)", "optc_isfinite(%s)"},
+    [OP_AND] = {"(%s && %s)", "(%s && %s)"},
+    [OP_OR] = {"(%s || %s)", "(%s || %s)"},
+    [OP_NOT] = {"(!%s)", "(!%s)"},
+    [OP_SELECT] = {"(%s ? %s : %s)", "(%s ? %s : %s)"},
+};
+
+/* After numerics.h: the shared types, the interpreter's helpers, and the
+ * 8-element loads and stores. */
+static const char helpers[] =
+    "/* plan.h's Chunk and Scalar, byte for byte */\n"
+    "typedef struct {\n"
+    "  int tensor, block;\n"
+    "  long long start, len, flat;\n"
+    "} OptcChunk;\n"
+    "typedef union {\n"
+    "  double d;\n"
+    "  float f;\n"
+    "  unsigned short h;\n"
+    "  long long i;\n"
+    "} OptcScalar;\n"
+    "\n"
+    "/* interp.c's arithmetic: NaN-propagating min and max, torch.sign, torch.lerp,\n"
+    " * isfinite, and float to integer (toward zero, NaN to 0, saturating) */\n"
+    "OPTC_FN float optc_minf(float a, float b) { return a != a ? a : b != b ? b : (b < a ? b : a); }\n"
+    "OPTC_FN float optc_maxf(float a, float b) { return a != a ? a : b != b ? b : (a < b ? b : a); }\n"
+    "OPTC_FN double optc_mind(double a, double b) { return a != a ? a : b != b ? b : (b < a ? b : a); }\n"
+    "OPTC_FN double optc_maxd(double a, double b) { return optc_max_nan(a, b); }\n"
+    "OPTC_FN float optc_signf(float x) { return (float)((0.0f < x) - (x < 0.0f)); }\n"
+    "OPTC_FN double optc_signd(double x) { return (double)((0.0 < x) - (x < 0.0)); }\n"
+    "OPTC_FN float optc_lerpf(float a, float b, float w) {\n"
+    "  return fabsf(w) < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w);\n"
+    "}\n"
+    "OPTC_FN double optc_lerpd(double a, double b, double w) {\n"
+    "  return fabs(w) < 0.5 ? a + w * (b - a) : b - (b - a) * (1.0 - w);\n"
+    "}\n"
+    "OPTC_FN bool optc_isfinite(double x) { return fabs(x) <= 1.7976931348623157e308; }\n"
+    "OPTC_FN long long optc_to_int(double d, bool i32) {\n"
+    "  const double lo = i32 ? -2147483648.0 : -9223372036854775808.0;\n"
+    "  const double hi = i32 ? 2147483647.0 : 9223372036854775807.0;\n"
+    "  if (d != d)\n"
+    "    return 0;\n"
+    "  if (d <= lo)\n"
+    "    return (long long)lo;\n"
+    "  if (d >= hi)\n"
+    "    return i32 ? 2147483647LL : 9223372036854775807LL;\n"
+    "  return (long long)d;\n"
+    "}\n"
+    "\n"
+    "/* 8 elements at p: 16-byte vectors when vec (every pointer of the chunk\n"
+    " * aligned) and all 8 are in the chunk; else the first n one by one, and\n"
+    " * the rest read as 0 and never stored. */\n"
+    "OPTC_FN bool optc_aligned16(const void *p) { return ((unsigned long long)p & 15u) == 0; }\n"
+    "\n"
+    "OPTC_FN void optc_load8_f32(float *d, const float *p, int n, bool vec) {\n"
+    "  if (vec && n == 8) {\n"
+    "    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];\n"
+    "    d[0] = a.x, d[1] = a.y, d[2] = a.z, d[3] = a.w, d[4] = b.x, d[5] = b.y, d[6] = b.z, d[7] = b.w;\n"
+    "    return;\n"
+    "  }\n"
+    "#pragma unroll\n"
+    "  for (int e = 0; e < 8; e++)\n"
+    "    d[e] = e < n ? p[e] : 0.0f;\n"
+    "}\n"
+    "\n"
+    "OPTC_FN void optc_store8_f32(float *p, const float *d, int n, bool vec) {\n"
+    "  if (vec && n == 8) {\n"
+    "    ((float4 *)p)[0] = make_float4(d[0], d[1], d[2], d[3]);\n"
+    "    ((float4 *)p)[1] = make_float4(d[4], d[5], d[6], d[7]);\n"
+    "    return;\n"
+    "  }\n"
+    "#pragma unroll\n"
+    "  for (int e = 0; e < 8; e++)\n"
+    "    if (e < n)\n"
+    "      p[e] = d[e];\n"
+    "}\n"
+    "\n"
+    "OPTC_FN void optc_load8_u16(unsigned short *d, const unsigned short *p, int n, bool vec) {\n"
+    "  if (vec && n == 8) {\n"
+    "    const uint4 q = *(const uint4 *)p;\n"
+    "    d[0] = (unsigned short)q.x, d[1] = (unsigned short)(q.x >> 16);\n"
+    "    d[2] = (unsigned short)q.y, d[3] = (unsigned short)(q.y >> 16);\n"
+    "    d[4] = (unsigned short)q.z, d[5] = (unsigned short)(q.z >> 16);\n"
+    "    d[6] = (unsigned short)q.w, d[7] = (unsigned short)(q.w >> 16);\n"
+    "    return;\n"
+    "  }\n"
+    "#pragma unroll\n"
+    "  for (int e = 0; e < 8; e++)\n"
+    "    d[e] = e < n ? p[e] : (unsigned short)0;\n"
+    "}\n"
+    "\n"
+    "OPTC_FN void optc_store8_u16(unsigned short *p, const unsigned short *d, int n, bool vec) {\n"
+    "  if (vec && n == 8) {\n"
+    "    *(uint4 *)p = make_uint4(d[0] | (unsigned)d[1] << 16, d[2] | (unsigned)d[3] << 16,\n"
+    "                             d[4] | (unsigned)d[5] << 16, d[6] | (unsigned)d[7] << 16);\n"
+    "    return;\n"
+    "  }\n"
+    "#pragma unroll\n"
+    "  for (int e = 0; e < 8; e++)\n"
+    "    if (e < n)\n"
+    "      p[e] = d[e];\n"
+    "}\n"
+    "\n"
+    "OPTC_FN void optc_load8_f64(double *d, const double *p, int n, bool vec) {\n"
+    "  if (vec && n == 8) {\n"
+    "#pragma unroll\n"
+    "    for (int k = 0; k < 4; k++) {\n"
+    "      const double2 a = ((const double2 *)p)[k];\n"
+    "      d[2 * k] = a.x, d[2 * k + 1] = a.y;\n"
+    "    }\n"
+    "    return;\n"
+    "  }\n"
+    "#pragma unroll\n"
+    "  for (int e = 0; e < 8; e++)\n"
+    "    d[e] = e < n ? p[e] : 0.0;\n"
+    "}\n"
+    "\n"
+    "OPTC_FN void optc_store8_f64(double *p, const double *d, int n, bool vec) {\n"
+    "  if (vec && n == 8) {\n"
+    "#pragma unroll\n"
+    "    for (int k = 0; k < 4; k++)\n"
+    "      ((double2 *)p)[k] = make_double2(d[2 * k], d[2 * k + 1]);\n"
+    "    return;\n"
+    "  }\n"
+    "#pragma unroll\n"
+    "  for (int e = 0; e < 8; e++)\n"
+    "    if (e < n)\n"
+    "      p[e] = d[e];\n"
+    "}\n";
+
+/* The load/store helper suffix of a buffer element type. */
+static const char *mem_suffix(Type t) {
+  switch (t) {
+  case TY_F32: return "f32";
+  case TY_F64: return "f64";
+  case TY_BF16: case TY_F16: return "u16";
+  default: unreachable();
+  }
+}
+
+/* ---- names ----------------------------------------------------------------------------- */
+
+typedef struct {
+  const Graph *g;
+  const PlanPhase *ph;
+  const Lang *L;
+  Arena *a;
+  Buf *out;
+  const char **stem; /* (nins) a C identifier per value: its SSA name, or the printer's number */
+  const char **bstem;/* (nbufs) per buffer */
+  int *uses;         /* (nins) uses by this phase's element and tensor instructions */
+  const char **expr; /* (nins) an element value as its users read it */
+  int threads, seg, row;
+} E;
+
+static bool ident_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+static char *sanitize(Arena *a, const char *s) {
+  char *t = arena_strdup(a, s);
+  for (char *p = t; *p; p++)
+    if (!ident_char(*p))
+      *p = '_';
+  return t;
+}
+
+/* Stems: SSA names made identifiers; unnamed values numbered as print.c
+ * numbers them, so a kernel reads next to --dump-ir. A stem that two
+ * values would share ("a.b", "a_b") gets the value's ref appended. */
+static void name_values(E *e) {
+  const Graph *g = e->g;
+  e->stem = arena_alloc(e->a, sizeof(char *) * (size_t)(g->nins + 1));
+  int next = 0;
+  for (int i = 0; i < g->nins; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->name) {
+      e->stem[i] = sanitize(e->a, x->name);
+    } else if (x->op != OP_STORE) {
+      char tmp[16];
+      do
+        snprintf(tmp, sizeof tmp, "%d", next++);
+      while (graph_find_value(g, tmp) != NOREF);
+      e->stem[i] = arena_strdup(e->a, tmp);
+    } else {
+      e->stem[i] = arena_printf(e->a, "store%d", i);
+    }
+  }
+  for (int i = 0; i < g->nins; i++)
+    for (int k = 0; k < i; k++)
+      if (!strcmp(e->stem[i], e->stem[k])) {
+        e->stem[i] = arena_printf(e->a, "%s_%d", e->stem[i], i);
+        break;
+      }
+  e->bstem = arena_alloc(e->a, sizeof(char *) * (size_t)(g->nbufs + 1));
+  for (int b = 0; b < g->nbufs; b++)
+    e->bstem[b] = sanitize(e->a, g->bufs[b].name);
+}
+
+/* ---- values ----------------------------------------------------------------------------- */
+
+/* A literal of type t, reading back as exactly the interpreter's value. */
+static const char *literal(E *e, Type t, double v) {
+  char s[48];
+  switch (t) {
+  case TY_BOOL: return v != 0 ? "true" : "false";
+  case TY_I32: return arena_printf(e->a, "%lld", (long long)v);
+  case TY_I64: return arena_printf(e->a, "%lldLL", (long long)v);
+  case TY_BF16: case TY_F16: {
+    float f = (float)v;
+    return arena_printf(e->a, "(unsigned short)0x%04x", t == TY_BF16 ? optc_f32_to_bf16(f) : optc_f32_to_f16(f));
+  }
+  case TY_F32: {
+    float f = (float)v;
+    if (f != f || f - f != 0)
+      return arena_printf(e->a, "optc_bits_f32(0x%08xu)", optc_f32_bits(f));
+    /* the shortest text if a C compiler reads it back to f (decimal to
+     * float directly), else the float's exact double */
+    fmt_double(s, f, true);
+    if (strtof(s, NULL) != f)
+      fmt_double(s, (double)f, false);
+    return arena_printf(e->a, s[0] == '-' ? "(%sf)" : "%sf", s);
+  }
+  case TY_F64:
+    if (v != v || v - v != 0) {
+      /* through f32: exact for NaN and the infinities */
+      return arena_printf(e->a, "(double)optc_bits_f32(0x%08xu)", optc_f32_bits((float)v));
+    }
+    fmt_double(s, v, false);
+    return arena_printf(e->a, s[0] == '-' ? "(%s)" : "%s", s);
+  default: unreachable();
+  }
+}
+
+static bool is_tensor_value(const Ins *x) { return x->scope == SCOPE_TENSOR; }
+
+/* How instruction r reads as an operand inside the element loop (or, for
+ * tensor-scope users, in the chunk's prologue). */
+static const char *operand(E *e, Ref r) {
+  const Ins *x = &e->g->ins[r];
+  if (x->op == OP_CONST)
+    return literal(e, (Type)x->type, x->imm);
+  if (x->scope == SCOPE_STEP)
+    return arena_printf(e->a, "s_%s", e->stem[r]);
+  if (is_tensor_value(x))
+    return arena_printf(e->a, "t_%s", e->stem[r]);
+  if (x->op == OP_LOAD)
+    return arena_printf(e->a, "x_%s[e]", e->stem[r]);
+  ASSERT(e->expr[r]);
+  return e->expr[r];
+}
+
+static const char *to_f32(E *e, const char *s, Type t) {
+  if (t == TY_BF16)
+    return arena_printf(e->a, "optc_bf16_to_f32(%s)", s);
+  if (t == TY_F16)
+    return arena_printf(e->a, "optc_f16_to_f32(%s)", s);
+  return s;
+}
+
+static const char *from_f32(E *e, const char *s, Type t) {
+  if (t == TY_BF16)
+    return arena_printf(e->a, "optc_f32_to_bf16(%s)", s);
+  if (t == TY_F16)
+    return arena_printf(e->a, "optc_f32_to_f16(%s)", s);
+  return s;
+}
+
+/* interp.c's as_f64: a float type through f32, an integer as a double. */
+static const char *to_f64(E *e, const char *s, Type t) {
+  if (t == TY_F64)
+    return s;
+  if (type_is_float(t))
+    return arena_printf(e->a, "(double)%s", to_f32(e, s, t));
+  return arena_printf(e->a, "(double)%s", s);
+}
+
+/* interp.c's convert(), op for op. */
+static const char *convert(E *e, const char *s, Type from, Type to) {
+  if (from == to)
+    return s;
+  if (type_is_float(from) && type_is_float(to)) {
+    if (to == TY_F64)
+      return to_f64(e, s, from);
+    if (from == TY_F64) /* to a 16-bit type, through f32 */
+      return from_f32(e, arena_printf(e->a, "(float)%s", s), to);
+    return from_f32(e, to_f32(e, s, from), to);
+  }
+  if (type_is_float(from))
+    return arena_printf(e->a, "(%s)optc_to_int(%s, %s)", e->L->type[to], to_f64(e, s, from),
+                        to == TY_I32 ? "true" : "false");
+  const char *i = arena_printf(e->a, from == TY_I32 ? "(long long)(int)%s" : "(long long)%s", s);
+  if (to == TY_F64)
+    return arena_printf(e->a, "(double)%s", i);
+  if (type_is_float(to))
+    return from_f32(e, arena_printf(e->a, "(float)%s", i), to);
+  return arena_printf(e->a, "(%s)%s", e->L->type[to], i);
+}
+
+/* The expression of instruction i; `index` is the element's index in its
+ * tensor (the stochastic-rounding hash reads it). */
+static const char *render(E *e, Ref i, const char *index) {
+  const Ins *x = &e->g->ins[i];
+  Op op = (Op)x->op;
+  Type t = (Type)x->type;
+  const char *a[3] = {"", "", ""};
+  Type at[3] = {TY_VOID, TY_VOID, TY_VOID};
+  for (int k = 0; k < op_info[op].nargs; k++) {
+    a[k] = operand(e, x->args[k]);
+    at[k] = (Type)e->g->ins[x->args[k]].type;
+  }
+  switch (op_info[op].type_rule) {
+  case TR_ARITH: {
+    if (t == TY_F64)
+      return arena_printf(e->a, op_fmt[op][1], a[0], a[1], a[2]);
+    const char *f[3] = {"", "", ""};
+    for (int k = 0; k < op_info[op].nargs; k++)
+      f[k] = to_f32(e, a[k], t);
+    return from_f32(e, arena_printf(e->a, op_fmt[op][0], f[0], f[1], f[2]), t);
+  }
+  case TR_CMP:
+    if (type_is_int(at[0]))
+      return arena_printf(e->a, op_fmt[op][1], arena_printf(e->a, "(double)%s", a[0]),
+                          arena_printf(e->a, "(double)%s", a[1]));
+    return arena_printf(e->a, op_fmt[op][at[0] == TY_F64], to_f32(e, a[0], at[0]), to_f32(e, a[1], at[0]));
+  case TR_TEST: return arena_printf(e->a, op_fmt[op][1], to_f64(e, a[0], at[0]));
+  case TR_LOGIC:
+  case TR_SELECT: return arena_printf(e->a, op_fmt[op][0], a[0], a[1], a[2]);
+  case TR_CVT: return convert(e, a[0], at[0], t);
+  case TR_CVTSR:
+    return arena_printf(e->a, "%s(%s, optc_sr_bits(k_%s, (uint64_t)(%s)))",
+                        t == TY_BF16 ? "optc_f32_to_bf16_sr" : "optc_f32_to_f16_sr", a[0], e->stem[i], index);
+  default: unreachable();
+  }
+}
+
+/* ---- one phase --------------------------------------------------------------------------- */
+
+static bool red_is_max(RedKind k) { return k == RED_MAX || k == RED_ABSMAX; }
+
+/* The staged type of a reduction's operand: f32 holds every f32, bf16 and
+ * f16 value exactly; f64 stays f64. */
+static Type staged_type(const Graph *g, Ref r) { return g->ins[g->ins[r].args[0]].type == TY_F64 ? TY_F64 : TY_F32; }
+
+/* The first thread of reduction r's 8 lane threads: one warp per reduction
+ * while there are warps, so that the lanes of two reductions run side by
+ * side. */
+static int lane_thread(int r, int threads) {
+  int warps = threads / 32;
+  return 32 * (r % warps) + OPTC_REDUCE_LANES * (r / warps);
+}
+
+static bool used_here(E *e, Ref r) {
+  const PlanPhase *ph = e->ph;
+  for (Ref i = ph->lo; i < ph->hi; i++) {
+    const Ins *x = &e->g->ins[i];
+    for (int k = 0; k < op_info[x->op].nargs; k++)
+      if (x->args[k] == r && (x->scope != SCOPE_STEP || x->op == OP_STORE || x->op == OP_REDUCE))
+        return true;
+  }
+  return false;
+}
+
+static void emit_phase(E *e, int k, CudaKernel *kinfo) {
+  const Graph *g = e->g;
+  const PlanPhase *ph = e->ph;
+  const Lang *L = e->L;
+  Buf *o = e->out;
+  int nred = ph->nreds;
+  int threads = e->threads;
+
+  /* header: what the phase moves */
+  buf_printf(o, "/* phase %d: %d bytes/element, %d ops/element\n *   reads:", k, ph->bytes_per_element, ph->nops);
+  for (int i = 0; i < ph->nreads; i++)
+    buf_printf(o, " @%s %s", g->bufs[ph->reads[i].buf].name, type_names[ph->reads[i].type]);
+  if (!ph->nreads)
+    buf_puts(o, " (none)");
+  buf_puts(o, "\n *   writes:");
+  for (int i = 0; i < ph->nwrites; i++)
+    buf_printf(o, " @%s %s", g->bufs[ph->writes[i].buf].name, type_names[ph->writes[i].type]);
+  if (!ph->nwrites)
+    buf_puts(o, " (none)");
+  buf_putc(o, '\n');
+  for (int i = 0; i < nred; i++) {
+    const Ins *x = &g->ins[ph->reds[i]];
+    buf_printf(o, " *   partials[c * %d + %d]: %%%s = %s to %s, lanes in threads %d-%d\n", nred, i, e->stem[ph->reds[i]],
+               red_names[x->red], scope_names[x->to], lane_thread(i, threads), lane_thread(i, threads) + 7);
+  }
+  buf_puts(o, " */\n");
+  buf_printf(o, L->kernel, threads);
+  buf_printf(o, "optc_phase%d(const OptcChunk *chunks, long long nchunks, void *const *bufs, const OptcScalar *step,\n"
+                "            const OptcScalar *tvals, double *partials) {\n",
+             k);
+
+  /* shared staging */
+  for (int i = 0; i < nred; i++) {
+    Ref r = ph->reds[i];
+    buf_printf(o, "  %s %s st_%s[%d * %d]; /* [lane][j / 8] */\n", L->shared, L->type[staged_type(g, r)], e->stem[r],
+               OPTC_REDUCE_LANES, e->row);
+    buf_printf(o, "  %s double ln_%s[%d];\n", L->shared, e->stem[r], OPTC_REDUCE_LANES);
+  }
+  buf_printf(o, "  if ((long long)%s >= nchunks)\n    return;\n", L->block_index);
+  buf_printf(o, "  const OptcChunk ch = chunks[%s];\n", L->block_index);
+
+  /* the chunk's first element of each buffer the phase touches */
+  bool *touched = arena_alloc(e->a, (size_t)g->nbufs + 1);
+  bool *written = arena_alloc(e->a, (size_t)g->nbufs + 1);
+  for (int i = 0; i < ph->nreads; i++)
+    touched[ph->reads[i].buf] = true;
+  for (int i = 0; i < ph->nwrites; i++)
+    touched[ph->writes[i].buf] = written[ph->writes[i].buf] = true;
+  int ntouched = 0;
+  for (int b = 0; b < g->nbufs; b++) {
+    if (!touched[b])
+      continue;
+    const char *ty = L->type[g->bufs[b].type];
+    buf_printf(o, "  %s%s *const b_%s = (%s%s *)bufs[%d] + ch.flat;\n", written[b] ? "" : "const ", ty, e->bstem[b],
+               written[b] ? "" : "const ", ty, b);
+    ntouched++;
+  }
+  if (ntouched) {
+    buf_puts(o, "  const bool vec = ");
+    int n = 0;
+    for (int b = 0; b < g->nbufs; b++)
+      if (touched[b])
+        buf_printf(o, "%soptc_aligned16(b_%s)", n++ ? " && " : "", e->bstem[b]);
+    buf_puts(o, ";\n");
+  }
+
+  /* step values, tensor values and stochastic-rounding keys, once per chunk */
+  for (Ref r = 0; r < g->nins; r++) {
+    const Ins *x = &g->ins[r];
+    if (x->scope != SCOPE_STEP || x->op == OP_CONST || x->op == OP_STORE || !used_here(e, r))
+      continue;
+    if (x->type == TY_I32)
+      buf_printf(o, "  const int s_%s = (int)step[%d].i;\n", e->stem[r], r);
+    else
+      buf_printf(o, "  const %s s_%s = step[%d]%s;\n", L->type[x->type], e->stem[r], r, L->field[x->type]);
+  }
+  for (Ref r = 0; r < g->nins; r++) {
+    const Ins *x = &g->ins[r];
+    if (x->scope == SCOPE_TENSOR && x->op == OP_REDUCE && used_here(e, r))
+      buf_printf(o, "  const double t_%s = tvals[(long long)ch.tensor * %d + %d].d;\n", e->stem[r], g->nins, r);
+  }
+  for (Ref i = ph->lo; i < ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->op == OP_CVT_SR)
+      buf_printf(o, "  const uint32_t k_%s = optc_sr_key((uint64_t)%s, (uint64_t)%s, (uint32_t)ch.tensor);\n",
+                 e->stem[i], operand(e, x->args[1]), operand(e, x->args[2]));
+    if (x->scope == SCOPE_TENSOR && x->op != OP_REDUCE)
+      buf_printf(o, "  const %s t_%s = %s;\n", L->type[x->type], e->stem[i], render(e, i, "0"));
+  }
+
+  /* uses within the element loop: who is inlined */
+  memset(e->uses, 0, sizeof(int) * (size_t)g->nins);
+  for (Ref i = ph->lo; i < ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->scope != SCOPE_ELEM)
+      continue;
+    for (int a = 0; a < op_info[x->op].nargs; a++)
+      e->uses[x->args[a]]++;
+  }
+
+  /* reduction accumulators */
+  for (int i = 0; i < nred; i++) {
+    Ref r = ph->reds[i];
+    buf_printf(o, "  double a_%s = %s; /* lane %s - %d of %%%s, in its lane threads */\n", e->stem[r],
+               red_is_max((RedKind)g->ins[r].red) ? "(double)optc_bits_f32(0xff800000u)" : "0.0",
+               L->thread_index, lane_thread(i, threads), e->stem[r]);
+  }
+
+  const char *ind = "  ";
+  if (nred) {
+    buf_printf(o, "  for (long long base = 0; base < ch.len; base += %d) {\n", e->seg);
+    buf_printf(o, "    const long long end = ch.len < base + %d ? ch.len : base + %d;\n", e->seg, e->seg);
+    buf_printf(o, "    for (long long j = base + (long long)%s * %d; j < end; j += %d) {\n", L->thread_index, CUDA_VEC,
+               CUDA_VEC * threads);
+    ind = "      ";
+  } else {
+    buf_printf(o, "  for (long long j = (long long)%s * %d; j < ch.len; j += %d) {\n", L->thread_index, CUDA_VEC,
+               CUDA_VEC * threads);
+    ind = "    ";
+  }
+  buf_printf(o, "%sconst int n = %s - j < %d ? (int)(%s - j) : %d;\n", ind, nred ? "end" : "ch.len", CUDA_VEC,
+             nred ? "end" : "ch.len", CUDA_VEC);
+
+  /* loads, 8 at a time */
+  for (Ref i = ph->lo; i < ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->op != OP_LOAD)
+      continue;
+    buf_printf(o, "%s%s x_%s[%d];\n", ind, L->type[x->type], e->stem[i], CUDA_VEC);
+    buf_printf(o, "%soptc_load8_%s(x_%s, b_%s + j, n, vec);\n", ind, mem_suffix((Type)x->type), e->stem[i],
+               e->bstem[x->buf]);
+  }
+  for (Ref i = ph->lo; i < ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->op == OP_STORE)
+      buf_printf(o, "%s%s o_%s[%d];\n", ind, L->type[g->bufs[x->buf].type], e->stem[i], CUDA_VEC);
+  }
+
+  /* the element computation, lane by lane */
+  buf_printf(o, "#pragma unroll\n%sfor (int e = 0; e < %d; e++) {\n", ind, CUDA_VEC);
+  const char *index = "ch.start + j + e";
+  for (Ref i = ph->lo; i < ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->scope != SCOPE_ELEM || x->op == OP_LOAD)
+      continue;
+    if (x->op == OP_STORE) {
+      buf_printf(o, "%s  o_%s[e] = %s;\n", ind, e->stem[i], operand(e, x->args[0]));
+    } else if (x->op == OP_REDUCE) {
+      Ref a = x->args[0];
+      const char *v = staged_type(g, i) == TY_F64 ? operand(e, a) : to_f32(e, operand(e, a), (Type)g->ins[a].type);
+      buf_printf(o, "%s  st_%s[e * %d + (int)((j - %s) >> 3)] = %s;\n", ind, e->stem[i], e->row, nred ? "base" : "0", v);
+    } else if (e->uses[i] == 1) {
+      e->expr[i] = render(e, i, index);
+    } else if (e->uses[i] > 1) {
+      buf_printf(o, "%s  const %s v_%s = %s;\n", ind, L->type[x->type], e->stem[i], render(e, i, index));
+      e->expr[i] = arena_printf(e->a, "v_%s", e->stem[i]);
+    }
+  }
+  buf_printf(o, "%s}\n", ind);
+
+  /* stores, 8 at a time; only what is in the chunk */
+  for (Ref i = ph->lo; i < ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->op == OP_STORE)
+      buf_printf(o, "%soptc_store8_%s(b_%s + j, o_%s, n, vec);\n", ind, mem_suffix((Type)g->bufs[x->buf].type),
+                 e->bstem[x->buf], e->stem[i]);
+  }
+
+  if (!nred) {
+    buf_puts(o, "  }\n}\n\n");
+  } else {
+    buf_printf(o, "    }\n    %s;\n", L->barrier);
+    buf_puts(o, "    /* each lane in element order: element j of the chunk is lane j % 8 */\n");
+    for (int i = 0; i < nred; i++) {
+      Ref r = ph->reds[i];
+      RedKind rk = (RedKind)g->ins[r].red;
+      int t0 = lane_thread(i, threads);
+      const char *st = e->stem[r];
+      if (t0 == 0)
+        buf_printf(o, "    if (%s < %d) {\n      const int lane = %s;\n", L->thread_index, OPTC_REDUCE_LANES,
+                   L->thread_index);
+      else
+        buf_printf(o, "    if (%s - %du < %du) {\n      const int lane = %s - %d;\n", L->thread_index, t0,
+                   OPTC_REDUCE_LANES, L->thread_index, t0);
+      buf_printf(o, "      const int cnt = (int)((end - base - lane + 7) >> 3);\n");
+      buf_printf(o, "      for (int k = 0; k < cnt; k++) {\n");
+      buf_printf(o, "        const double x = (double)st_%s[lane * %d + k];\n", st, e->row);
+      switch (rk) {
+      case RED_SUM: buf_printf(o, "        a_%s = a_%s + x;\n", st, st); break;
+      case RED_SUMSQ: buf_printf(o, "        a_%s = a_%s + x * x;\n", st, st); break;
+      case RED_MAX: buf_printf(o, "        a_%s = optc_max_nan(a_%s, x);\n", st, st); break;
+      case RED_ABSMAX: buf_printf(o, "        a_%s = optc_max_nan(a_%s, fabs(x));\n", st, st); break;
+      default: unreachable();
+      }
+      buf_puts(o, "      }\n    }\n");
+    }
+    buf_printf(o, "    %s;\n  }\n", L->barrier);
+    for (int i = 0; i < nred; i++) {
+      int t0 = lane_thread(i, threads);
+      const char *st = e->stem[ph->reds[i]];
+      if (t0 == 0)
+        buf_printf(o, "  if (%s < %d)\n    ln_%s[%s] = a_%s;\n", L->thread_index, OPTC_REDUCE_LANES, st,
+                   L->thread_index, st);
+      else
+        buf_printf(o, "  if (%s - %du < %du)\n    ln_%s[%s - %d] = a_%s;\n", L->thread_index, t0, OPTC_REDUCE_LANES, st,
+                   L->thread_index, t0, st);
+    }
+    buf_printf(o, "  %s;\n", L->barrier);
+    for (int i = 0; i < nred; i++) {
+      Ref r = ph->reds[i];
+      buf_printf(o, "  if (%s == %d)\n    partials[(long long)%s * %d + %d] = optc_lanes_combine(ln_%s, %d);\n",
+                 L->thread_index, lane_thread(i, threads), L->block_index, nred, i, e->stem[r],
+                 red_is_max((RedKind)g->ins[r].red));
+    }
+    buf_puts(o, "}\n\n");
+  }
+
+  if (kinfo) {
+    snprintf(kinfo->name, sizeof kinfo->name, "optc_phase%d", k);
+    kinfo->threads = threads;
+    kinfo->nred = nred;
+    kinfo->seg = nred ? e->seg : 0;
+    kinfo->smem = 0;
+    for (int i = 0; i < nred; i++)
+      kinfo->smem += OPTC_REDUCE_LANES * e->row * type_size(staged_type(g, ph->reds[i])) + OPTC_REDUCE_LANES * 8;
+    kinfo->regs = kinfo->spill_stores = kinfo->spill_loads = kinfo->stack = -1;
+  }
+}
+
+/* optc_nonfinite: partials[c] = 1 when chunk c holds a NaN or an infinite
+ * grad, else 0 (what the executor runs when grads_finite < 0). */
+static void emit_nonfinite(E *e, CudaKernel *kinfo) {
+  const Graph *g = e->g;
+  const Lang *L = e->L;
+  Buf *o = e->out;
+  int threads = e->threads;
+  buf_puts(o, "/* partials[c] = 1 when chunk c holds a NaN or an infinite grad, else 0 */\n");
+  buf_printf(o, L->kernel, threads);
+  buf_puts(o, "optc_nonfinite(const OptcChunk *chunks, long long nchunks, void *const *bufs, const OptcScalar *step,\n"
+              "               const OptcScalar *tvals, double *partials) {\n");
+  buf_printf(o, "  %s int bad;\n", L->shared);
+  buf_printf(o, "  if ((long long)%s >= nchunks)\n    return;\n", L->block_index);
+  buf_printf(o, "  const OptcChunk ch = chunks[%s];\n", L->block_index);
+  buf_printf(o, "  if (%s == 0)\n    bad = 0;\n  %s;\n", L->thread_index, L->barrier);
+  for (int b = 0; b < g->nbufs; b++) {
+    if (g->bufs[b].kind != BUF_GRAD)
+      continue;
+    Type t = (Type)g->bufs[b].type;
+    buf_printf(o, "  {\n    const %s *const p = (const %s *)bufs[%d] + ch.flat;\n", L->type[t], L->type[t], b);
+    buf_printf(o, "    for (long long j = %s; j < ch.len; j += %d)\n", L->thread_index, threads);
+    buf_printf(o, "      if (!optc_isfinite(%s))\n        bad = 1;\n  }\n", to_f64(e, "p[j]", t));
+  }
+  buf_printf(o, "  %s;\n", L->barrier);
+  buf_printf(o, "  if (%s == 0)\n    partials[%s] = bad;\n}\n", L->thread_index, L->block_index);
+  if (kinfo) {
+    snprintf(kinfo->name, sizeof kinfo->name, "optc_nonfinite");
+    kinfo->threads = threads;
+    kinfo->nred = 1;
+    kinfo->seg = 0;
+    kinfo->smem = 4;
+    kinfo->regs = kinfo->spill_stores = kinfo->spill_loads = kinfo->stack = -1;
+  }
+}
+
+/* The largest segment (a power of two, up to a whole chunk) whose staging
+ * fits in 40 KiB of shared memory, under the 48 KiB of static shared
+ * memory a block may have. */
+static int pick_segment(const Graph *g, const PlanPhase *ph) {
+  for (int seg = OPTC_REDUCE_BLOCK; seg >= 64; seg /= 2) {
+    int bytes = 0;
+    for (int i = 0; i < ph->nreds; i++)
+      bytes += OPTC_REDUCE_LANES * (seg / OPTC_REDUCE_LANES + 1) * type_size(staged_type(g, ph->reds[i])) +
+               OPTC_REDUCE_LANES * 8;
+    if (bytes <= 40 * 1024)
+      return seg;
+  }
+  return 0;
+}
+
+int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels) {
+  const Plan *p = g->plan;
+  if (!p) {
+    error("cuda backend: the graph has no plan (run the pass pipeline first)");
+    return -1;
+  }
+  int threads = t && t->threads ? t->threads : 256;
+  int red_threads = t && t->red_threads ? t->red_threads : 128;
+  if (threads % 32 || red_threads % 32 || threads < 32 || red_threads < 32 || threads > 1024 || red_threads > 1024) {
+    error("cuda backend: threads per block must be a multiple of 32 from 32 to 1024 (got %d and %d)", threads,
+          red_threads);
+    return -1;
+  }
+  for (int i = 0; i < g->nbufs; i++)
+    if (g->bufs[i].type != TY_F32 && g->bufs[i].type != TY_F64 && g->bufs[i].type != TY_BF16 &&
+        g->bufs[i].type != TY_F16) {
+      error("cuda backend: buffer @%s has type %s; only f64, f32, bf16 and f16 buffers are supported",
+            g->bufs[i].name, type_names[g->bufs[i].type]);
+      return -1;
+    }
+  E e = {.g = g, .L = &cuda_lang, .out = out};
+  e.a = arena_new();
+  e.uses = arena_alloc(e.a, sizeof(int) * (size_t)(g->nins + 1));
+  e.expr = arena_alloc(e.a, sizeof(char *) * (size_t)(g->nins + 1));
+  name_values(&e);
+  int rc = 0;
+  for (int k = 0; k < p->nphases; k++) {
+    const PlanPhase *ph = &p->phases[k];
+    if (ph->nreds > 4 * (red_threads / 32) || !pick_segment(g, ph)) {
+      error("cuda backend: phase %d has %d reductions: more than a block of %d threads can stage", k, ph->nreds,
+            red_threads);
+      rc = -1;
+      goto out;
+    }
+  }
+
+  buf_printf(out, "/* Generated by optc %s (compiler/emit_cuda.c): the step of a planned graph as CUDA C.\n",
+             OPTC_VERSION);
+  buf_printf(out, " *\n * %d phase%s. Each kernel runs one thread block per chunk (at most %d elements of\n", p->nphases,
+             p->nphases == 1 ? "" : "s", OPTC_REDUCE_BLOCK);
+  buf_puts(out, " * one tensor; the chunk table is in device memory). Launch in order, the host computing\n"
+                " * the ^stepK values and folding the partials between phases:\n");
+  CudaKernel *ks = kernels ? kernels : arena_alloc(e.a, sizeof(CudaKernel) * (size_t)(p->nphases + 1));
+  /* the facts first, so the header can list them */
+  Buf scratch = {0};
+  for (int k = 0; k < p->nphases; k++) {
+    e.ph = &p->phases[k];
+    e.threads = e.ph->nreds ? red_threads : threads;
+    e.seg = pick_segment(g, e.ph);
+    e.row = e.seg / OPTC_REDUCE_LANES + 1;
+    e.out = &scratch;
+    emit_phase(&e, k, &ks[k]);
+  }
+  e.threads = threads;
+  emit_nonfinite(&e, &ks[p->nphases]);
+  buf_free(&scratch);
+  for (int k = 0; k <= p->nphases; k++) {
+    buf_printf(out, " *   %-15s grid nchunks, block %d", ks[k].name, ks[k].threads);
+    if (ks[k].nred)
+      buf_printf(out, ", %d partial%s per chunk", ks[k].nred, ks[k].nred == 1 ? "" : "s");
+    if (ks[k].smem > 4)
+      buf_printf(out, ", %d bytes shared", ks[k].smem);
+    if (k == p->nphases)
+      buf_puts(out, " (when grads_finite < 0)");
+    buf_putc(out, '\n');
+  }
+  buf_puts(out, " */\n\n");
+  /* NVRTC has no <stdint.h>; numerics.h takes these names from it elsewhere */
+  buf_puts(out, "#ifdef __CUDACC_RTC__\ntypedef unsigned short uint16_t;\ntypedef unsigned int uint32_t;\n"
+                "typedef unsigned long long uint64_t;\n#endif\n\n");
+  buf_puts(out, "/* ---- compiler/numerics.h ---- */\n");
+  buf_puts(out, optc_numerics_h);
+  buf_puts(out, "/* ---- end of compiler/numerics.h ---- */\n\n");
+  buf_puts(out, helpers);
+  buf_putc(out, '\n');
+  e.out = out;
+  for (int k = 0; k < p->nphases; k++) {
+    e.ph = &p->phases[k];
+    e.threads = e.ph->nreds ? red_threads : threads;
+    e.seg = pick_segment(g, e.ph);
+    e.row = e.seg / OPTC_REDUCE_LANES + 1;
+    emit_phase(&e, k, NULL);
+  }
+  e.threads = threads;
+  emit_nonfinite(&e, NULL);
+out:
+  arena_free(e.a);
+  return rc;
+}
