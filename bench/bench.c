@@ -450,6 +450,16 @@ int bench_optimizer(int argc, char **argv) {
   measure_ceiling(pool, MAX(n, (int64_t)16 << 20), 3, &copy_gbps, &triad_gbps, &update_gbps);
   printf("  ceiling: copy %.1f GB/s, triad %.1f GB/s, in-place update %.1f GB/s (STREAM-style, %d threads, same run)\n\n",
          copy_gbps, triad_gbps, update_gbps, threads);
+  /* remembered for `optc plan`'s default bandwidth */
+  if (n * bytes_per_buffer_elem >= (int64_t)1 << 30) {
+    char rec[256];
+    snprintf(rec, sizeof rec, "{\"copy_gbps\": %.3f, \"triad_gbps\": %.3f, \"update_gbps\": %.3f, \"threads\": %d}\n",
+             copy_gbps, triad_gbps, update_gbps, threads);
+    cache_mkdir();
+    char *path = cache_path("bench", "bandwidth");
+    file_write_atomic(path, rec, strlen(rec));
+    free(path);
+  }
 
   double *vals = calloc((size_t)g->nins + 1, sizeof(double));
   double *vals_un = calloc((size_t)unopt->nins + 1, sizeof(double));

@@ -220,10 +220,11 @@ void error(const char *fmt, ...) {
 
 /* ---- files ---------------------------------------------------------------- */
 
-char *file_read(const char *path, size_t *len) {
+static char *read_all(const char *path, size_t *len, bool quiet) {
   FILE *f = fopen(path, "rb");
   if (!f) {
-    error("cannot open '%s': %s", path, strerror(errno));
+    if (!quiet)
+      error("cannot open '%s': %s", path, strerror(errno));
     return NULL;
   }
   Buf b = {0};
@@ -232,7 +233,8 @@ char *file_read(const char *path, size_t *len) {
   while ((n = fread(tmp, 1, sizeof tmp, f)) > 0)
     buf_put(&b, tmp, n);
   if (ferror(f)) {
-    error("cannot read '%s': %s", path, strerror(errno));
+    if (!quiet)
+      error("cannot read '%s': %s", path, strerror(errno));
     fclose(f);
     buf_free(&b);
     return NULL;
@@ -244,6 +246,9 @@ char *file_read(const char *path, size_t *len) {
     *len = b.len;
   return b.data;
 }
+
+char *file_read(const char *path, size_t *len) { return read_all(path, len, false); }
+char *file_read_quiet(const char *path, size_t *len) { return read_all(path, len, true); }
 
 typedef struct {
   const void *data;

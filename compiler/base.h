@@ -77,6 +77,8 @@ SrcPos srcpos_of(const SrcFile *f, size_t off);
 /* Reads a whole file; returns a malloc'd NUL-terminated buffer, or NULL with
  * an error already printed. */
 char *file_read(const char *path, size_t *len);
+/* The same, printing nothing when the file cannot be read. */
+char *file_read_quiet(const char *path, size_t *len);
 /* Writes to PATH.tmp.PID, fsyncs, and renames over path, so that a reader
  * never sees a half-written file. Returns 0, or -1 with an error printed. */
 int file_write_atomic(const char *path, const void *data, size_t n);

@@ -66,6 +66,12 @@ static void mkdir_p(const char *dir) {
   mkdir(tmp, 0755);
 }
 
+void cache_mkdir(void) {
+  char *dir = cache_dir();
+  mkdir_p(dir);
+  free(dir);
+}
+
 char *cache_path(const char *kind, const char *key) {
   char *dir = cache_dir();
   size_t n = strlen(key);

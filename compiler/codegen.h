@@ -49,5 +49,7 @@ int cache_get(const char *kind, const char *key, void **data, size_t *len);
 /* Stores atomically; a failure to store is not an error (the next run
  * compiles again). */
 void cache_put(const char *kind, const char *key, const void *data, size_t len);
-/* The path an entry would have, for tests and messages. */
+/* The path an entry would have, for tests and messages (malloc'd). */
 char *cache_path(const char *kind, const char *key);
+/* Creates the cache directory if it is missing. */
+void cache_mkdir(void);

@@ -255,8 +255,9 @@ static char *sanitize(Arena *a, const char *s) {
 }
 
 /* Stems: SSA names made identifiers; unnamed values numbered as print.c
- * numbers them, so a kernel reads next to --dump-ir. A stem that two
- * values would share ("a.b", "a_b") gets the value's ref appended. */
+ * numbers them, so a kernel reads next to --dump-ir; a store's, its
+ * buffer's name. A stem that two values (or two stores) would share
+ * ("a.b", "a_b") gets the second one's ref appended. */
 static void name_values(E *e) {
   const Graph *g = e->g;
   e->stem = arena_alloc(e->a, sizeof(char *) * (size_t)(g->nins + 1));
@@ -272,12 +273,13 @@ static void name_values(E *e) {
       while (graph_find_value(g, tmp) != NOREF);
       e->stem[i] = arena_strdup(e->a, tmp);
     } else {
-      e->stem[i] = arena_printf(e->a, "store%d", i);
+      /* a store's output array: o_<buffer> */
+      e->stem[i] = sanitize(e->a, g->bufs[x->buf].name);
     }
   }
   for (int i = 0; i < g->nins; i++)
     for (int k = 0; k < i; k++)
-      if (!strcmp(e->stem[i], e->stem[k])) {
+      if ((g->ins[i].op == OP_STORE) == (g->ins[k].op == OP_STORE) && !strcmp(e->stem[i], e->stem[k])) {
         e->stem[i] = arena_printf(e->a, "%s_%d", e->stem[i], i);
         break;
       }
@@ -439,6 +441,10 @@ static int lane_thread(int r, int threads) {
   return 32 * (r % warps) + OPTC_REDUCE_LANES * (r / warps);
 }
 
+/* The element loop computes elem-scope values, and the stores and the
+ * reductions of them (whose own scope is their target's). */
+static bool per_element(const Ins *x) { return x->scope == SCOPE_ELEM || x->op == OP_REDUCE; }
+
 static bool used_here(E *e, Ref r) {
   const PlanPhase *ph = e->ph;
   for (Ref i = ph->lo; i < ph->hi; i++) {
@@ -544,7 +550,7 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   memset(e->uses, 0, sizeof(int) * (size_t)g->nins);
   for (Ref i = ph->lo; i < ph->hi; i++) {
     const Ins *x = &g->ins[i];
-    if (x->scope != SCOPE_ELEM)
+    if (!per_element(x))
       continue;
     for (int a = 0; a < op_info[x->op].nargs; a++)
       e->uses[x->args[a]]++;
@@ -553,9 +559,9 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   /* reduction accumulators */
   for (int i = 0; i < nred; i++) {
     Ref r = ph->reds[i];
-    buf_printf(o, "  double a_%s = %s; /* lane %s - %d of %%%s, in its lane threads */\n", e->stem[r],
+    buf_printf(o, "  double a_%s = %s; /* threads %d-%d: their lane's sum */\n", e->stem[r],
                red_is_max((RedKind)g->ins[r].red) ? "(double)optc_bits_f32(0xff800000u)" : "0.0",
-               L->thread_index, lane_thread(i, threads), e->stem[r]);
+               lane_thread(i, threads), lane_thread(i, threads) + 7);
   }
 
   const char *ind = "  ";
@@ -593,7 +599,7 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   const char *index = "ch.start + j + e";
   for (Ref i = ph->lo; i < ph->hi; i++) {
     const Ins *x = &g->ins[i];
-    if (x->scope != SCOPE_ELEM || x->op == OP_LOAD)
+    if (!per_element(x) || x->op == OP_LOAD)
       continue;
     if (x->op == OP_STORE) {
       buf_printf(o, "%s  o_%s[e] = %s;\n", ind, e->stem[i], operand(e, x->args[0]));

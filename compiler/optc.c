@@ -25,6 +25,7 @@ static const char usage_main[] =
     "  exec          run optimizer steps on tensors from a safetensors file\n"
     "  bench         time the step against eager, foreach, a fused loop and the\n"
     "                memory bandwidth (optc bench optimizer --help)\n"
+    "  plan          per-rank memory, traffic and step time of a recipe (optc plan --help)\n"
     "\n"
     "Run 'optc SUBCOMMAND --help' for the options of each.\n";
 
@@ -604,6 +605,8 @@ int main(int argc, char **argv) {
     return cmd_compile(argc - 2, argv + 2);
   if (!strcmp(cmd, "exec"))
     return cmd_exec(argc - 2, argv + 2);
+  if (!strcmp(cmd, "plan"))
+    return cmd_plan(argc - 2, argv + 2);
   if (!strcmp(cmd, "bench")) {
     if (argc >= 3 && !strcmp(argv[2], "optimizer"))
       return bench_optimizer(argc - 3, argv + 3);

@@ -929,6 +929,10 @@ fail:
 
 Dataset *dataset_from_config(const YamlNode *node, const Tokenizer *tok, int max_seq_len) {
   ASSERT(max_seq_len > 1);
+  if (!node) {
+    error("the recipe has no dataset: block (e.g. {_component_: optc.datasets.synthetic_alpaca})");
+    return NULL;
+  }
   int nparts = node->kind == YAML_SEQ ? node->n : 1;
   if (node->kind == YAML_SEQ && nparts == 0) {
     error_at(node->pos, "dataset: the list is empty");

@@ -109,7 +109,8 @@ typedef enum { SPLIT_TRAIN, SPLIT_HELDOUT, SPLIT_ALL } DataSplit;
 
 /* Builds the dataset a `dataset:` (or `dataset_val:`) block describes, its
  * samples cut at max_seq_len (> 1). NULL, with the error printed at the
- * offending key, on any mistake. The caller frees with dataset_free. */
+ * offending key, on any mistake (node NULL: no block). The caller frees
+ * with dataset_free. */
 Dataset *dataset_from_config(const YamlNode *node, const Tokenizer *tok, int max_seq_len);
 void dataset_free(Dataset *ds);
 /* Rows (samples, or packs when packed) in a split. SPLIT_ALL is the training
