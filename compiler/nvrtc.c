@@ -210,8 +210,11 @@ static bool unpack(const char **at, const char *end, void **out, size_t *n) {
   return true;
 }
 
+/* IEEE arithmetic as the interpreter's; line info for profilers; no
+ * "declared but never referenced" for the numerics.h functions a program
+ * does not use. */
 static const char *const nvrtc_options[] = {"--fmad=false", "--prec-div=true", "--prec-sqrt=true", "--ftz=false",
-                                            "-lineinfo"};
+                                            "-lineinfo", "--diag-suppress=177"};
 
 /* NVRTC itself: source -> PTX, cubin and log in p. */
 static bool run_nvrtc(CudaProgram *p) {

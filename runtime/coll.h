@@ -15,16 +15,17 @@
  * and from all three implementations.
  * - f32 and f64 add in their own type, round to nearest even at each step.
  * - bf16 is widened to f32, summed in f32 in the order above and rounded
- *   once to nearest even (optc_f32_to_bf16: a NaN becomes 0x7fc0 with its
- *   sign). Data travels as bf16; only the owner of a block accumulates.
+ *   once to nearest even (optc_f32_to_bf16). Data travels as bf16; only
+ *   the owner of a block accumulates.
+ * - A sum that is NaN is stored as the canonical quiet NaN (f32
+ *   0x7fc00000, f64 0x7ff8000000000000, bf16 0x7fc0): which NaN an add
+ *   returns depends on the order of its operands in machine code (x86) or
+ *   on the device (a GPU's is 0x7fffffff).
  * - i64 and i32 add modulo 2^64 and 2^32.
  * - max is m = x_0, then m = optc_max_nan(m, x_k) for k = 1..N-1: a NaN
  *   wins (the first in rank order), otherwise the larger, and of equal
  *   values (+0 and -0) the earlier. The result is always one of the inputs,
  *   bit for bit.
- * A NaN produced by a sum (Inf + -Inf, NaN + x) is some quiet NaN: x86
- * keeps the first operand's payload and a GPU gives its canonical NaN, so
- * that only NaN payloads may differ between coll_mpi and coll_nccl.
  *
  * The library's own reductions (MPI_Reduce_scatter_block, ncclReduceScatter)
  * are used only when coll_force_algorithm asks for them (the benchmark

@@ -111,6 +111,18 @@ double coll_default_timeout(void) {
  * vectorizes the bf16 loops (3x faster than -O2's scalar code). */
 enum { TILE = 512 };
 
+/* A sum that is NaN is stored as the canonical quiet NaN: which NaN an
+ * add returns depends on its operands' order in the machine code (x86) or
+ * on the device (a GPU's is 0x7fffffff). */
+#define NAN_F32 (optc_bits_f32(0x7fc00000u))
+#define NAN_F64 (f64_bits(0x7ff8000000000000ull))
+
+static inline double f64_bits(uint64_t u) {
+  double d;
+  memcpy(&d, &u, 8);
+  return d;
+}
+
 /* optc_max_nan in the element's own type, so that the result is one of
  * the inputs bit for bit (NaN payloads included). */
 static inline float max_f32(float a, float b) { return a != a ? a : b != b ? b : a < b ? b : a; }
@@ -128,6 +140,9 @@ static void tile_f32(float *out, const void *const *in, int n, int64_t lo, int m
       for (int j = 0; j < m; j++)
         acc[j] = max_f32(acc[j], x[j]);
   }
+  if (op == COLL_SUM)
+    for (int j = 0; j < m; j++)
+      acc[j] = acc[j] != acc[j] ? NAN_F32 : acc[j];
   memcpy(out + lo, acc, (size_t)m * 4);
 }
 
@@ -143,11 +158,15 @@ static void tile_f64(double *out, const void *const *in, int n, int64_t lo, int 
       for (int j = 0; j < m; j++)
         acc[j] = max_f64(acc[j], x[j]);
   }
+  if (op == COLL_SUM)
+    for (int j = 0; j < m; j++)
+      acc[j] = acc[j] != acc[j] ? NAN_F64 : acc[j];
   memcpy(out + lo, acc, (size_t)m * 8);
 }
 
-/* Sums in f32 and rounds once; a max is one of the inputs, so its bits are
- * the widened input's top half (NaN payloads included). */
+/* Sums in f32 and rounds once (a NaN sum is 0x7fc0); a max is one of the
+ * inputs, so its bits are the widened input's top half (NaN payloads
+ * included). */
 static void tile_bf16(uint16_t *out, const void *const *in, int n, int64_t lo, int m, CollRed op) {
   float acc[TILE];
   const uint16_t *x = (const uint16_t *)in[0] + lo;
@@ -164,7 +183,7 @@ static void tile_bf16(uint16_t *out, const void *const *in, int n, int64_t lo, i
   }
   if (op == COLL_SUM)
     for (int j = 0; j < m; j++)
-      out[lo + j] = optc_f32_to_bf16(acc[j]);
+      out[lo + j] = acc[j] != acc[j] ? 0x7fc0 : optc_f32_to_bf16(acc[j]);
   else
     for (int j = 0; j < m; j++)
       out[lo + j] = (uint16_t)(optc_f32_bits(acc[j]) >> 16);

@@ -230,16 +230,25 @@ int fsdp_step(Fsdp *f, Executor *x, const double *inputs, StepResult *res) {
   switch (x->backend) {
   case BACKEND_INTERP: rc = interp_step(g, &f->shard, f->bufs, &args, res); break;
   case BACKEND_EAGER: {
-    /* eager runs the front end's graph: its buffers, by name */
+    /* eager runs the front end's graph: its buffers and inputs, by name */
     void **eb = calloc((size_t)x->g->nbufs + 1, sizeof(void *));
-    ASSERT(eb);
+    double *ein = calloc((size_t)x->g->nins + 1, sizeof(double));
+    ASSERT(eb && ein);
     for (int b = 0; b < x->g->nbufs; b++) {
       int k = graph_find_buffer(g, x->g->bufs[b].name);
       ASSERT(k >= 0);
       eb[b] = f->bufs[k];
     }
-    rc = eager_run(x->g, &f->shard, eb, &args, res, false, x->pool);
+    for (int i = 0; i < x->g->nins; i++)
+      if (x->g->ins[i].op == OP_INPUT) {
+        Ref k = graph_find_input(g, x->g->ins[i].name);
+        ein[i] = k != NOREF ? inputs[k] : x->g->ins[i].imm;
+      }
+    StepArgs eargs = args;
+    eargs.inputs = ein;
+    rc = eager_run(x->g, &f->shard, eb, &eargs, res, false, x->pool);
     free(eb);
+    free(ein);
     break;
   }
   case BACKEND_CPU: rc = cpu_step(x->cpu, x->pool, g, &f->shard, f->bufs, &args, res); break;

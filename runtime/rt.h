@@ -171,3 +171,22 @@ int fsdp_step(Fsdp *f, Executor *x, const double *inputs, StepResult *res);
 /* Runs `mpirun -np nproc optc ARGS... --mpi-rank` and returns its exit
  * status; each rank gets --threads threads_per_rank when > 0. */
 int launch_mpirun(int nproc, int argc, char **argv, int threads_per_rank);
+
+/* ---- train.c: the full_finetune_distributed recipe -------------------------------------------- */
+typedef struct {
+  long steps;  /* > 0: run this many steps (bench), else the recipe's */
+  bool bench;  /* no checkpoints or metrics */
+  bool eval;   /* held-out loss before and after */
+  bool quiet;  /* no progress output */
+} TrainOptions;
+
+typedef struct {
+  double first_loss, last_loss, heldout_before, heldout_after, tokens_per_second;
+  double t_fwdbwd, t_coll, t_opt; /* seconds */
+  long steps;
+  double *losses; /* when set: each step's loss, up to max_losses */
+  int nlosses, max_losses;
+} TrainResult;
+
+/* Trains on the ranks of coll (every rank calls it). 0, or -1 with an error printed. */
+int train_run(Recipe *r, Coll *coll, const TrainOptions *opt, TrainResult *out);
