@@ -259,10 +259,11 @@ int coll_host_copy(Coll *c, void *dst, const void *src, size_t bytes) {
   return 0;
 }
 
-/* ---- world size 1 ------------------------------------------------------------------ */
+/* ---- world size 1 ------------------------------------------------------------------
+ * Copies; a sum of one rank still stores a NaN as the canonical one. */
 static int local_reduce_scatter(Coll *c, const void *send, void *recv, int64_t count, CollType t) {
   (void)c;
-  memcpy(recv, send, (size_t)count * coll_type_size(t));
+  coll_reduce_host(recv, &send, 1, count, t, COLL_SUM);
   return 0;
 }
 
@@ -273,7 +274,10 @@ static int local_all_gather(Coll *c, const void *send, void *recv, int64_t count
 }
 
 static int local_all_reduce(Coll *c, void *buf, int64_t count, CollType t, CollRed op) {
-  (void)c, (void)buf, (void)count, (void)t, (void)op;
+  (void)c;
+  const void *in = buf;
+  if (op == COLL_SUM)
+    coll_reduce_host(buf, &in, 1, count, t, COLL_SUM);
   return 0;
 }
 

@@ -205,8 +205,7 @@ static int rs_own(CollMpi *m, const void *send, void *recv, CollType t, CollRed 
 static int ag_own(CollMpi *m, const void *send, void *recv) {
   int N = m->base.size, r = m->base.rank;
   char *out = recv;
-  if (send != out + m->off[r])
-    memmove(out + m->off[r], send, (size_t)m->len[r]);
+  const char *mine = send;
   int64_t maxlen = 0;
   for (int b = 0; b < N; b++)
     maxlen = MAX(maxlen, m->len[b]);
@@ -223,12 +222,14 @@ static int ag_own(CollMpi *m, const void *send, void *recv) {
     for (int s = 1; s < N && at < m->len[r]; s++) {
       int p = (r + s) % N;
       m->peer[n] = p;
-      MPI_CHECK(m, MPI_Isend(out + m->off[r] + at, (int)MIN((int64_t)PIECE_BYTES, m->len[r] - at), MPI_BYTE, p,
-                             TAG_AG, m->comm, &m->reqs[n++]));
+      MPI_CHECK(m, MPI_Isend(mine + at, (int)MIN((int64_t)PIECE_BYTES, m->len[r] - at), MPI_BYTE, p, TAG_AG,
+                             m->comm, &m->reqs[n++]));
     }
     if (wait_all(m, n, m->reqs, m->peer) != 0)
       return -1;
   }
+  if (mine != out + m->off[r])
+    memmove(out + m->off[r], mine, (size_t)m->len[r]);
   return 0;
 }
 

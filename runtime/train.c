@@ -150,6 +150,8 @@ static int check_memory(Trainer *t, int batch, int seq) {
   double need = pb + gb + work + states + acts;
   double avail = mem_available() / t->world;
   if (avail > 0 && need > avail) {
+    if (t->rank != 0) /* every rank stops; one says why */
+      return -1;
     error("%s needs %.1f GiB per rank (params %.1f + grads %.1f + f32 working copies %.1f + optimizer states %.1f + "
           "activations %.1f GiB) for %.0f parameters on %d rank%s; this machine has %.1f GiB available per rank",
           r->path, need / (1 << 30), pb / (1 << 30), gb / (1 << 30), work / (1 << 30), states / (1 << 30),

@@ -96,6 +96,7 @@ static inline float __uint_as_float(unsigned u) {
   return f;
 }
 
+#ifndef OPTC_EMU_DRIVER
 static uint3 threadIdx, blockIdx, blockDim, gridDim;
 
 namespace optc_emu {
@@ -131,6 +132,20 @@ static void barrier() {
   swapcontext(&f->ctx, &scheduler);
 }
 
+/* A fresh fiber that will run the kernel from its start. (Apart from
+ * run_block: getcontext returns twice, which -Wclobbered dislikes in a
+ * loop.) */
+__attribute__((noinline)) static int start_fiber(Fiber *f) {
+  if (!f->stack || getcontext(&f->ctx) != 0)
+    return -1;
+  f->ctx.uc_stack.ss_sp = f->stack;
+  f->ctx.uc_stack.ss_size = STACK_BYTES;
+  f->ctx.uc_link = &scheduler;
+  makecontext(&f->ctx, fiber_main, 0);
+  f->state = RUNNABLE;
+  return 0;
+}
+
 /* One block: every thread a fiber, run until all have returned. */
 static int run_block(unsigned threads) {
   if (threads > nfibers) {
@@ -139,16 +154,9 @@ static int run_block(unsigned threads) {
       fibers[t].stack = (char *)malloc(STACK_BYTES);
     nfibers = threads;
   }
-  for (unsigned t = 0; t < threads; t++) {
-    Fiber *f = &fibers[t];
-    if (!f->stack || getcontext(&f->ctx) != 0)
+  for (unsigned t = 0; t < threads; t++)
+    if (start_fiber(&fibers[t]) != 0)
       return -1;
-    f->ctx.uc_stack.ss_sp = f->stack;
-    f->ctx.uc_stack.ss_size = STACK_BYTES;
-    f->ctx.uc_link = &scheduler;
-    makecontext(&f->ctx, fiber_main, 0);
-    f->state = RUNNABLE;
-  }
   for (unsigned round = 0;; round++) {
     for (unsigned k = 0; k < threads; k++) {
       unsigned t = round % 2 ? threads - 1 - k : k;
@@ -186,6 +194,8 @@ extern "C" int optc_emu_run(void *kernel, unsigned grid, unsigned block, void **
   return 0;
 }
 
+#endif /* !OPTC_EMU_DRIVER */
+
 /* numerics.h's device path (__float_as_uint, __device__ functions) is what
  * NVRTC compiles; take the same path here. */
 #define __CUDACC__ 1
@@ -218,7 +228,10 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int) {
   return 0;
 }
 CUresult cuDeviceTotalMem_v2(size_t *bytes, int) { return *bytes = (size_t)1 << 30, 0; }
-CUresult cuDevicePrimaryCtxRetain(void **c, int) { return *c = (void *)&gridDim, 0; }
+CUresult cuDevicePrimaryCtxRetain(void **c, int) {
+  static int context;
+  return *c = &context, 0;
+}
 CUresult cuCtxSetCurrent(void *) { return 0; }
 CUresult cuCtxSynchronize() { return 0; }
 

@@ -1,0 +1,659 @@
+/* test_cuda_emu: the GPU backend, without a GPU.
+ *
+ *   test_cuda_emu CUDA_EMU_H CXX [CXX ARGS...]
+ *
+ * The CUDA C that emit_cuda.c writes for each program is compiled, as it
+ * is, by the host C++ compiler (meson passes its own) with tests/cuda_emu.h
+ * into a kernel module, and runtime/exec_cuda.c runs it through a
+ * stand-in driver built from the same header (OPTC_LIBCUDA). So the
+ * kernels' indexing, vector and tail paths, shared-memory staging,
+ * barriers and lanes, and the executor's uploads, launches and folds are
+ * all checked here; cuda_emu.h says what this cannot show.
+ *
+ * - Every built-in optimizer (with its graph-changing options) x clipping
+ *   on and off x the three dtype layouts x stochastic rounding on and off
+ *   (bf16 layouts): tensors of 0, 1, 15, 16, 17 and 100003 elements and
+ *   forty small ones, two steps (the second with grads_finite = -1, so the
+ *   optc_nonfinite kernel runs): every byte of every buffer, and the
+ *   step-scope reductions, equal the interpreter's.
+ * - A program with every op, type and scope the emitter renders (f16,
+ *   bf16 and f64 buffers, tensor-scope reductions, five reductions in one
+ *   phase, staged in segments), and one with pow, exp and log per element
+ *   (exact here: both sides use glibc).
+ * - Unaligned buffers (the one-by-one path everywhere), 64-bit indices
+ *   (a chunk past 2^31 in the flat buffers and past 2^32 in its tensor,
+ *   over moved-back base pointers), non-finite grads (skipped as the
+ *   interpreter skips), and the text: the same program emits the same
+ *   bytes twice. */
+#include "../compiler/cuda.h"
+#include "../compiler/passes.h"
+#include "../runtime/rt.h"
+
+#include <math.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int failures, checks;
+
+#define CHECK(c, ...) \
+  do { \
+    checks++; \
+    if (!(c)) { \
+      failures++; \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__); \
+      printf("\n"); \
+    } \
+  } while (0)
+
+static const char *emu_h;
+static char **cxx;
+static int ncxx;
+static char dir[] = "/tmp/optc_cuda_emuXXXXXX";
+
+/* ---- data, as test_backends makes it --------------------------------------------------- */
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static double uniform(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return (double)(rng >> 11) / 9007199254740992.0;
+}
+static float normalf(void) {
+  double u = uniform() + 1e-300, v = uniform();
+  return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+static void fill(Tensor *t, float scale) {
+  for (int64_t i = 0; i < t->numel; i++) {
+    float v = normalf() * scale;
+    if (t->dtype == TY_BF16)
+      ((uint16_t *)t->data)[i] = optc_f32_to_bf16(v);
+    else
+      ((float *)t->data)[i] = v;
+  }
+}
+
+/* One group: the odd sizes, one large tensor, forty small ones. */
+static void make_tensors(TensorFile *tf, Type pt, Type gt) {
+  int64_t sizes[6 + 40] = {0, 1, 15, 16, 17, 100003};
+  for (int i = 0; i < 40; i++)
+    sizes[6 + i] = 1 + (i * 7) % 40;
+  for (int i = 0; i < 46; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "t%d", i);
+    fill(tf_add(tf, name, pt, 1, &sizes[i]), 1.0f);
+    snprintf(name, sizeof name, "t%d.grad", i);
+    fill(tf_add(tf, name, gt, 1, &sizes[i]), 0.3f);
+  }
+}
+
+static bool same_bytes(const Graph *g, int64_t n, void *const *a, void *const *b, const char *what) {
+  for (int k = 0; k < g->nbufs; k++) {
+    size_t bytes = (size_t)n * (size_t)type_size(g->bufs[k].type);
+    if (memcmp(a[k], b[k], bytes) != 0) {
+      const char *pa = a[k], *pb = b[k];
+      size_t at = 0;
+      while (at < bytes && pa[at] == pb[at])
+        at++;
+      printf("  %s: @%s differs first at byte %zu (element %zu)\n", what, g->bufs[k].name, at,
+             at / (size_t)type_size(g->bufs[k].type));
+      return false;
+    }
+  }
+  return true;
+}
+
+/* ---- programs ------------------------------------------------------------------------------ */
+
+static Graph *build_yaml(const char *yaml, Arena *a) {
+  char path[] = "/tmp/optc_cuda_emuXXXXXX.yaml";
+  int fd = mkstemps(path, 5);
+  ASSERT(fd >= 0);
+  ASSERT(write(fd, yaml, strlen(yaml)) == (ssize_t)strlen(yaml));
+  close(fd);
+  Recipe *r = recipe_load(path, NULL, 0, a);
+  unlink(path);
+  Graph *g = r ? frontend_build(r) : NULL;
+  return g && pipeline_run(g, &(PipelineOptions){0}) ? g : NULL;
+}
+
+static Graph *build_optir(const char *name, const char *text, Arena *a) {
+  SrcFile *src = arena_alloc(a, sizeof(SrcFile));
+  src->name = name;
+  src->text = text;
+  src->len = strlen(text);
+  Graph *g = ir_parse(src, a);
+  if (g)
+    g = optir_specialize(g, NULL, 0, a);
+  return g && pipeline_run(g, &(PipelineOptions){0}) ? g : NULL;
+}
+
+/* Every op, type and scope the emitter renders; no NaN is made on the way
+ * (NaN bits are the hardware's own, and differ between CPUs and GPUs). */
+static const char sink_optir[] =
+    "param @param : f32\n"
+    "grad @grad : bf16\n"
+    "state @m : f16 = 0.0\n"
+    "state @acc : f64 = 0.0\n"
+    "state @w : bf16 = param\n"
+    "%seed = input 11 : i64\n"
+    "%step = input in [1.0, inf) : f64\n"
+    "%stepi = cvt %step : i64\n"
+    "%half = const 0.5 : f32\n"
+    "%one = const 1.0 : f32\n"
+    "%oned = const 1.0 : f64\n"
+    "%zi = const 0 : i32\n"
+    "%g = load @grad : bf16\n"
+    "%gf = cvt %g : f32\n"
+    "%tn2 = reduce sumsq %gf to tensor : f64\n"
+    "%tmax = reduce max %gf to tensor : f64\n"
+    "%amax = reduce absmax %gf to step : f64\n"
+    "%gd = cvt %gf : f64\n"
+    "%r64 = reduce sumsq %gd to step : f64\n"
+    "%r64f = cvt %r64 : f32\n"
+    "%gsum = reduce sum %g to step : f64\n"
+    "%tn = sqrt %tn2 : f64\n"
+    "%tnf = cvt %tn : f32\n"
+    "%tden = add %tnf, %one : f32\n"
+    "%tmaxf = cvt %tmax : f32\n"
+    "%amaxf = cvt %amax : f32\n"
+    "%gsumf = cvt %gsum : f32\n"
+    "%p = load @param : f32\n"
+    "%q = div %gf, %tden : f32\n"
+    "%ab = abs %q : f32\n"
+    "%sg = sign %q : f32\n"
+    "%mn = min %q, %half : f32\n"
+    "%mx = max %mn, %tmaxf : f32\n"
+    "%f = fma %q, %half, %p : f32\n"
+    "%lp = lerp %p, %q, %sg : f32\n"
+    "%c1 = lt %q, %half : bool\n"
+    "%c2 = isfinite %f : bool\n"
+    "%c3 = and %c1, %c2 : bool\n"
+    "%c4 = not %c3 : bool\n"
+    "%c5 = ge %ab, %amaxf : bool\n"
+    "%c6 = or %c4, %c5 : bool\n"
+    "%sel = select %c6, %lp, %f : f32\n"
+    "%rs = rsqrt %tden : f32\n"
+    "%neg = neg %rs : f32\n"
+    "%qi = cvt %q : i32\n"
+    "%k = cvt %p : i64\n"
+    "%c7 = ne %qi, %zi : bool\n"
+    "%qk = cvt %qi : i64\n"
+    "%c8 = le %qk, %k : bool\n"
+    "%c9 = and %c7, %c8 : bool\n"
+    "%qif = cvt %qi : f32\n"
+    "%u = add %sel, %qif : f32\n"
+    "%u2 = mul %u, %neg : f32\n"
+    "%u3 = sub %u2, %mx : f32\n"
+    "%u4 = select %c9, %u2, %u3 : f32\n"
+    "%u5a = mul %u4, %gsumf : f32\n"
+    "%u5 = div %u5a, %r64f : f32\n"
+    "%acc0 = load @acc : f64\n"
+    "%qd = cvt %u5 : f64\n"
+    "%acc1 = add %acc0, %qd : f64\n"
+    "store @acc, %acc1\n"
+    "%m0 = load @m : f16\n"
+    "%mh = cvt %q : f16\n"
+    "%m1 = add %m0, %mh : f16\n"
+    "%m2 = mul %m1, %m1 : f16\n"
+    "%mb = cvt %m2 : bf16\n"
+    "%mbf = cvt %mb : f32\n"
+    "store @m, %m1\n"
+    "%w0 = load @w : bf16\n"
+    "%wq = cvt %q : bf16\n"
+    "%w1 = sub %w0, %wq : bf16\n"
+    "%w1f = cvt %w1 : f32\n"
+    "%w2 = add %w1f, %mbf : f32\n"
+    "%wsr = cvt_sr %w2, %seed, %stepi : bf16\n"
+    "store @w, %wsr\n"
+    "%pd = cvt %acc1 : bf16\n"
+    "%pdf = cvt %pd : f32\n"
+    "%pn = add %p, %pdf : f32\n"
+    "%pn2 = div %pn, %tden : f32\n"
+    "%hsr = cvt_sr %pn2, %seed, %stepi : f16\n"
+    "%hf = cvt %hsr : f32\n"
+    "store @param, %hf\n";
+
+/* pow, exp and log per element, in f32 and f64: exact against the
+ * interpreter only where both use one libm (here; not on a GPU). */
+static const char transc_optir[] =
+    "param @param : f32\n"
+    "grad @grad : f32\n"
+    "%one = const 1.0 : f32\n"
+    "%g = load @grad : f32\n"
+    "%p = load @param : f32\n"
+    "%a = abs %g : f32\n"
+    "%e = exp %g : f32\n"
+    "%a1 = add %a, %one : f32\n"
+    "%l = log %a1 : f32\n"
+    "%pw = pow %a1, %p : f32\n"
+    "%pd = cvt %p : f64\n"
+    "%ed = exp %pd : f64\n"
+    "%edf = cvt %ed : f32\n"
+    "%s1 = add %e, %l : f32\n"
+    "%s2 = add %s1, %pw : f32\n"
+    "%s3 = mul %s2, %edf : f32\n"
+    "store @param, %s3\n";
+
+/* ---- building kernel modules ---------------------------------------------------------------- */
+
+/* Runs the commands, at most `jobs` at once; false if any failed. */
+static bool run_all(char ***argvs, int n, int jobs) {
+  bool ok = true;
+  int running = 0, next = 0;
+  while (next < n || running > 0) {
+    while (running < jobs && next < n) {
+      pid_t pid = fork();
+      ASSERT(pid >= 0);
+      if (pid == 0) {
+        execvp(argvs[next][0], argvs[next]);
+        fprintf(stderr, "cannot run %s\n", argvs[next][0]);
+        _exit(127);
+      }
+      next++, running++;
+    }
+    int status;
+    if (wait(&status) > 0) {
+      running--;
+      ok &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+  }
+  return ok;
+}
+
+/* The compiler's command line: cxx ARGS... EXTRA... (NULL-terminated). */
+static char **command(const char *const *extra, int nextra) {
+  char **argv = calloc((size_t)(ncxx + nextra + 1), sizeof(char *));
+  ASSERT(argv);
+  for (int i = 0; i < ncxx; i++)
+    argv[i] = cxx[i];
+  for (int i = 0; i < nextra; i++)
+    argv[ncxx + i] = strdup(extra[i]);
+  return argv;
+}
+
+static char **module_command(const char *src, const char *so) {
+  const char *extra[] = {"-std=c++17", "-O1", "-fPIC", "-shared", "-fno-strict-aliasing", "-ffp-contract=off",
+                         "-Wall", "-Wextra", "-Wno-unused-function", "-Wno-unknown-pragmas",
+                         "-Wno-unused-parameter", "-include", emu_h, "-x", "c++", src, "-o", so};
+  return command(extra, (int)ARRAY_LEN(extra));
+}
+
+static void free_command(char **argv) {
+  for (int i = ncxx; argv[i]; i++)
+    free(argv[i]);
+  free(argv);
+}
+
+/* ---- one case --------------------------------------------------------------------------------- */
+
+typedef struct {
+  char name[128];
+  Arena *arena;
+  Graph *g;
+  char *source;
+  CudaKernel *kernels;
+  char cu[256], so[256];
+} Case;
+
+static bool case_init(Case *c, const char *name, Graph *g, Arena *a, int index) {
+  snprintf(c->name, sizeof c->name, "%s", name);
+  c->arena = a;
+  c->g = g;
+  CHECK(g != NULL, "%s: the program builds", name);
+  if (!g)
+    return false;
+  Buf src = {0}, again = {0};
+  c->kernels = calloc((size_t)g->plan->nphases + 1, sizeof(CudaKernel));
+  ASSERT(c->kernels);
+  bool ok = cuda_emit(g, NULL, &src, c->kernels) == 0 && cuda_emit(g, NULL, &again, NULL) == 0;
+  CHECK(ok, "%s: cuda_emit", name);
+  CHECK(ok && src.len == again.len && !memcmp(src.data, again.data, src.len), "%s: the same text twice", name);
+  c->source = src.data;
+  buf_free(&again);
+  snprintf(c->cu, sizeof c->cu, "%s/case%d.cu", dir, index);
+  snprintf(c->so, sizeof c->so, "%s/case%d.so", dir, index);
+  return ok && file_write_atomic(c->cu, src.data, src.len) == 0;
+}
+
+static void case_free(Case *c) {
+  free(c->source);
+  free(c->kernels);
+  arena_free(c->arena);
+}
+
+/* The emulated program: its "cubin" is the kernel module's path. */
+static CudaProgram emu_program(const Case *c) {
+  CudaProgram p = {.source = c->source, .cubin = (void *)c->so, .cubin_len = strlen(c->so) + 1,
+                   .nkernels = c->g->plan->nphases + 1, .kernels = c->kernels};
+  snprintf(p.arch, sizeof p.arch, "emulated");
+  return p;
+}
+
+/* Two steps of case c on the executor and on the interpreter, from the
+ * same tensors; the second says grads_finite = -1. */
+static void run_case(const Case *c, Type pt, Type gt) {
+  const Graph *g = c->g;
+  TensorFile tf = {0};
+  rng = 0x2545f4914f6cdd1dull;
+  make_tensors(&tf, pt, gt);
+  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
+  Binding sets[] = {{"num_tokens", 7}};
+  Binding first = {"step", 1};
+  int nsets = graph_find_input(g, "num_tokens") != NOREF;
+  ASSERT(inputs_resolve(g, sets, nsets, &first, 1, vals) == 0);
+  ParamGroup ref, run;
+  int finite;
+  ASSERT(group_from_file(&ref, g, &tf, vals, &finite) == 0);
+  ASSERT(group_from_file(&run, g, &tf, vals, &finite) == 0);
+  CudaProgram prog = emu_program(c);
+  char err[512];
+  CudaExec *x = cuda_exec_create(&prog, g, &run.layout, err, sizeof err);
+  CHECK(x, "%s: cuda_exec_create: %s", c->name, err);
+  bool ok = x && cuda_exec_upload(x, run.bufs) == 0;
+  Ref sref = graph_find_input(g, "step");
+  for (int step = 1; ok && step <= 2; step++) {
+    if (sref != NOREF)
+      vals[sref] = step;
+    StepArgs args = {vals, step == 2 ? -1 : finite};
+    StepResult r0, r1;
+    interp_step(g, &ref.layout, ref.bufs, &args, &r0);
+    ok = cuda_step(x, &args, &r1) == 0 && cuda_exec_download(x, run.bufs) == 0;
+    CHECK(ok, "%s step %d: cuda_step", c->name, step);
+    char what[160];
+    snprintf(what, sizeof what, "%s step %d", c->name, step);
+    bool same = ok && same_bytes(g, ref.layout.total, ref.bufs, run.bufs, what) && r0.nred == r1.nred &&
+                r0.skipped == r1.skipped &&
+                (r0.nred == 0 || memcmp(r0.red, r1.red, sizeof(double) * (size_t)r0.nred) == 0);
+    CHECK(same, "%s: the emulated GPU step differs from the interpreter", what);
+    ok &= same;
+  }
+  printf("%-44s %s\n", c->name, ok ? "identical" : "DIFFERENT");
+  cuda_exec_free(x);
+  group_free(&ref);
+  group_free(&run);
+  free(vals);
+  tf_free(&tf);
+}
+
+/* ---- the special cases ------------------------------------------------------------------------ */
+
+/* Buffers moved off 16-byte alignment: every access goes one by one. */
+static void test_unaligned(const Case *c) {
+  const Graph *g = c->g;
+  TensorFile tf = {0};
+  make_tensors(&tf, TY_BF16, TY_BF16);
+  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
+  Binding first = {"step", 1};
+  ASSERT(inputs_resolve(g, NULL, 0, &first, 1, vals) == 0);
+  ParamGroup ref;
+  int finite;
+  ASSERT(group_from_file(&ref, g, &tf, vals, &finite) == 0);
+  void *mem[8], *bufs[8];
+  CudaPtr dev[8];
+  for (int b = 0; b < g->nbufs; b++) {
+    size_t es = (size_t)type_size(g->bufs[b].type), bytes = (size_t)ref.layout.total * es;
+    mem[b] = aligned_alloc(64, bytes + 64);
+    bufs[b] = (char *)mem[b] + es; /* one element off */
+    memcpy(bufs[b], ref.bufs[b], bytes);
+    dev[b] = (CudaPtr)(uintptr_t)bufs[b]; /* emulated device memory is host memory */
+  }
+  CudaProgram prog = emu_program(c);
+  char err[512];
+  CudaExec *x = cuda_exec_create(&prog, g, &ref.layout, err, sizeof err);
+  CHECK(x, "unaligned: cuda_exec_create: %s", err);
+  if (x) {
+    StepArgs args = {vals, finite};
+    StepResult r0, r1;
+    bool ok = cuda_exec_bind(x, dev) == 0 && cuda_step(x, &args, &r1) == 0;
+    interp_step(g, &ref.layout, ref.bufs, &args, &r0);
+    ok = ok && same_bytes(g, ref.layout.total, ref.bufs, bufs, "unaligned") && r0.nred == r1.nred &&
+         (r0.nred == 0 || r0.red[0] == r1.red[0]);
+    CHECK(ok, "unaligned buffers: the one-by-one path equals the interpreter");
+    printf("%-44s %s\n", "unaligned buffers (bf16 adamw clip sr)", ok ? "identical" : "DIFFERENT");
+    cuda_exec_free(x);
+  }
+  for (int b = 0; b < g->nbufs; b++)
+    free(mem[b]);
+  group_free(&ref);
+  free(vals);
+  tf_free(&tf);
+}
+
+/* A chunk at flat index 3 * 2^30 of a tensor's element 5 * 2^30, over
+ * 1000 real elements behind base pointers moved back by as much. */
+static void test_index64(const Case *c) {
+  const Graph *g = c->g;
+  enum { N = 1000 };
+  const int64_t FLAT = (int64_t)3 << 30, START = (int64_t)5 << 30;
+  void *mem[2][8], *bufs[2][8];
+  CudaPtr dev[8];
+  rng = 99;
+  for (int b = 0; b < g->nbufs; b++) {
+    int es = type_size(g->bufs[b].type);
+    for (int copy = 0; copy < 2; copy++) {
+      mem[copy][b] = aligned_alloc(64, (size_t)(N + 64) * (size_t)es);
+      bufs[copy][b] = (char *)mem[copy][b] - FLAT * es;
+    }
+    for (int i = 0; i < N + 16; i++) {
+      float v = !strcmp(g->bufs[b].name, "exp_avg_sq") ? fabsf(normalf()) : normalf();
+      if (es == 2)
+        ((uint16_t *)mem[0][b])[i] = optc_f32_to_bf16(v);
+      else
+        ((float *)mem[0][b])[i] = v;
+    }
+    memcpy(mem[1][b], mem[0][b], (size_t)(N + 16) * (size_t)es);
+    dev[b] = (CudaPtr)(uintptr_t)bufs[1][b];
+  }
+  int64_t numel = START + N;
+  GroupLayout l = {.ntensors = 1, .numel = &numel, .offset = (int64_t[]){FLAT - START}, .total = FLAT + N + 16};
+  Chunk chunks[1] = {{.tensor = 0, .block = (int32_t)(FLAT / OPTC_REDUCE_BLOCK), .start = START, .len = N, .flat = FLAT}};
+  l.chunks = chunks;
+  l.nchunks = 1;
+  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
+  Binding first = {"step", 1};
+  ASSERT(inputs_resolve(g, NULL, 0, &first, 1, vals) == 0);
+  StepArgs args = {vals, 1};
+  StepResult r0, r1 = {0};
+  interp_step(g, &l, bufs[0], &args, &r0);
+  CudaProgram prog = emu_program(c);
+  char err[512];
+  /* the executor's own buffers would be FLAT elements long: bind first,
+   * through a small layout, then step over the real one */
+  int64_t small_numel = 16;
+  GroupLayout small;
+  layout_init(&small, 1, &small_numel);
+  CudaExec *x = cuda_exec_create(&prog, g, &small, err, sizeof err);
+  CHECK(x, "index64: cuda_exec_create: %s", err);
+  bool same = false;
+  if (x) {
+    layout_free(&small);
+    cuda_exec_free(x);
+    x = NULL;
+  }
+  (void)same;
+  /* create with the real layout: its buffers are emulated (malloc'd, lazily
+   * touched), so the FLAT-sized allocation costs address space only */
+  x = cuda_exec_create(&prog, g, &l, err, sizeof err);
+  CHECK(x, "index64: cuda_exec_create: %s", err);
+  if (x) {
+    same = cuda_exec_bind(x, dev) == 0 && cuda_step(x, &args, &r1) == 0;
+    for (int b = 0; same && b < g->nbufs; b++)
+      same &= memcmp(mem[0][b], mem[1][b], (size_t)(N + 16) * (size_t)type_size(g->bufs[b].type)) == 0;
+    cuda_exec_free(x);
+  }
+  CHECK(same, "64-bit flat index and >2^32 element index: kernels and interpreter agree");
+  CHECK(r0.nred == 1 && r1.nred == 1 && r0.red[0] == r1.red[0] && r0.red[0] > 0, "the reduction agrees");
+  printf("%-44s %s\n", "index64 (flat 3*2^30, element 5*2^30)", same ? "identical" : "DIFFERENT");
+  for (int copy = 0; copy < 2; copy++)
+    for (int b = 0; b < g->nbufs; b++)
+      free(mem[copy][b]);
+  free(vals);
+}
+
+/* A NaN grad with grads_finite = -1 (optc_nonfinite finds it), and an
+ * infinite one that the producer called finite (the clip norm is not
+ * finite): both skip the step, as the interpreter does. */
+static void test_nonfinite(const Case *c) {
+  const Graph *g = c->g;
+  for (int kind = 0; kind < 2; kind++) {
+    TensorFile tf = {0};
+    make_tensors(&tf, (Type)g->bufs[0].type, (Type)g->bufs[1].type);
+    Tensor *gt = tf_find(&tf, "t5.grad");
+    ASSERT(gt);
+    float bad = kind == 0 ? NAN : INFINITY;
+    if (gt->dtype == TY_BF16)
+      ((uint16_t *)gt->data)[777] = optc_f32_to_bf16(bad);
+    else
+      ((float *)gt->data)[777] = bad;
+    double *vals = calloc((size_t)g->nins + 1, sizeof(double));
+    Binding first = {"step", 1};
+    ASSERT(inputs_resolve(g, NULL, 0, &first, 1, vals) == 0);
+    ParamGroup ref, run;
+    int finite;
+    ASSERT(group_from_file(&ref, g, &tf, vals, &finite) == 0 && group_from_file(&run, g, &tf, vals, &finite) == 0);
+    CudaProgram prog = emu_program(c);
+    char err[512];
+    CudaExec *x = cuda_exec_create(&prog, g, &run.layout, err, sizeof err);
+    CHECK(x, "nonfinite: cuda_exec_create: %s", err);
+    if (x) {
+      StepArgs args = {vals, kind == 0 ? -1 : 1};
+      StepResult r0, r1;
+      interp_step(g, &ref.layout, ref.bufs, &args, &r0);
+      bool ok = cuda_exec_upload(x, run.bufs) == 0 && cuda_step(x, &args, &r1) == 0 &&
+                cuda_exec_download(x, run.bufs) == 0;
+      ok = ok && r0.skipped && r1.skipped && same_bytes(g, ref.layout.total, ref.bufs, run.bufs, "nonfinite");
+      CHECK(ok, "a %s grad (grads_finite %d): the step is skipped, nothing stored", kind ? "infinite" : "NaN",
+            args.grads_finite);
+      printf("%-44s %s\n", kind ? "infinite grad, grads_finite 1: skipped" : "NaN grad, grads_finite -1: skipped",
+             ok ? "identical" : "DIFFERENT");
+      cuda_exec_free(x);
+    }
+    group_free(&ref);
+    group_free(&run);
+    free(vals);
+    tf_free(&tf);
+  }
+}
+
+/* ---- the matrix ---------------------------------------------------------------------------------- */
+
+static const struct { const char *name, *yaml; } opts[] = {
+    {"adamw", "optimizer:\n  _component_: torch.optim.AdamW\n"},
+    {"adamw_amsgrad_maximize", "optimizer:\n  _component_: torch.optim.AdamW\n  amsgrad: true\n  maximize: true\n"},
+    {"adam_wd", "optimizer:\n  _component_: torch.optim.Adam\n  weight_decay: 0.1\n"},
+    {"sgd", "optimizer:\n  _component_: torch.optim.SGD\n  lr: 0.1\n"},
+    {"sgd_nesterov", "optimizer:\n  _component_: torch.optim.SGD\n  lr: 0.1\n  momentum: 0.9\n  nesterov: true\n"},
+    {"sgd_dampening_wd",
+     "optimizer:\n  _component_: torch.optim.SGD\n  lr: 0.1\n  momentum: 0.8\n  dampening: 0.3\n  weight_decay: 0.01\n"},
+    {"lion", "optimizer:\n  _component_: optc.Lion\n  weight_decay: 0.1\n"},
+    {"adagrad", "optimizer:\n  _component_: torch.optim.Adagrad\n  lr_decay: 0.01\n  initial_accumulator_value: 0.1\n"},
+    {"rmsprop", "optimizer:\n  _component_: torch.optim.RMSprop\n"},
+    {"rmsprop_centered_momentum",
+     "optimizer:\n  _component_: torch.optim.RMSprop\n  centered: true\n  momentum: 0.9\n  weight_decay: 0.01\n"},
+};
+static const struct { const char *name, *yaml; bool low; } layouts[] = {
+    {"fp32", "dtype: fp32\n", false},
+    {"bf16", "dtype: bf16\n", true},
+    {"bf16/fp32-states", "dtype: bf16\noptimizer_state_dtype: fp32\n", true},
+};
+
+int main(int argc, char **argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: test_cuda_emu CUDA_EMU_H CXX [CXX ARGS...]\n");
+    return 2;
+  }
+  double t0 = now_seconds();
+  emu_h = argv[1];
+  cxx = argv + 2;
+  ncxx = argc - 2;
+  ASSERT(mkdtemp(dir));
+  setenv("OPTC_CACHE", "0", 1);
+
+  /* every case's program and source */
+  int cap = 128, n = 0;
+  Case *cases = calloc((size_t)cap, sizeof(Case));
+  ASSERT(cases);
+  for (size_t o = 0; o < ARRAY_LEN(opts); o++)
+    for (size_t l = 0; l < ARRAY_LEN(layouts); l++)
+      for (int clip = 0; clip < 2; clip++)
+        for (int sr = 0; sr < (layouts[l].low ? 2 : 1); sr++) {
+          char name[128], yaml[1024];
+          snprintf(name, sizeof name, "%s %s%s%s", opts[o].name, layouts[l].name, clip ? " clip" : "",
+                   sr ? " sr" : "");
+          snprintf(yaml, sizeof yaml, "%s%s%s%s", opts[o].yaml, layouts[l].yaml, clip ? "clip_grad_norm: 0.5\n" : "",
+                   sr ? "stochastic_rounding: true\nseed: 42\n" : "");
+          Arena *a = arena_new();
+          ASSERT(n < cap);
+          case_init(&cases[n], name, build_yaml(yaml, a), a, n);
+          n++;
+        }
+  int nmatrix = n;
+  Arena *a = arena_new();
+  int sink = n;
+  case_init(&cases[n++], "every op (f16, bf16, f64, tensor scope)", build_optir("sink.optir", sink_optir, a), a, n);
+  a = arena_new();
+  int transc = n;
+  case_init(&cases[n++], "pow, exp, log per element", build_optir("transc.optir", transc_optir, a), a, n);
+  double t1 = now_seconds();
+
+  /* the driver stand-in and every kernel module, in parallel */
+  char driver[300];
+  snprintf(driver, sizeof driver, "%s/libcuda_emu.so", dir);
+  char ***cmds = calloc((size_t)n + 1, sizeof(char **));
+  ASSERT(cmds);
+  const char *drv_extra[] = {"-std=c++17", "-O1", "-fPIC", "-shared", "-DOPTC_EMU_DRIVER", "-Wall", "-Wextra",
+                             "-x", "c++", emu_h, "-o", driver, "-ldl"};
+  cmds[0] = command(drv_extra, (int)ARRAY_LEN(drv_extra));
+  int ncmds = 1;
+  for (int i = 0; i < n; i++)
+    if (cases[i].source)
+      cmds[ncmds++] = module_command(cases[i].cu, cases[i].so);
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  bool built = run_all(cmds, ncmds, (int)MAX(1, MIN(cpus, 8)));
+  for (int i = 0; i < ncmds; i++)
+    free_command(cmds[i]);
+  free(cmds);
+  CHECK(built, "every kernel module and the driver stand-in compile with %s", cxx[0]);
+  double t2 = now_seconds();
+  printf("emitted %d programs in %.2f s; compiled them with %s in %.1f s\n", n, t1 - t0, cxx[0], t2 - t1);
+
+  if (built) {
+    setenv("OPTC_LIBCUDA", driver, 1);
+    char why[256], desc[256];
+    CHECK(cuda_device_available(why, sizeof why), "the emulated driver loads: %s", why);
+    cuda_device_describe(desc, sizeof desc);
+    printf("device: %s\n", desc);
+    for (int i = 0; i < nmatrix; i++)
+      if (cases[i].g)
+        run_case(&cases[i], (Type)cases[i].g->bufs[0].type, (Type)cases[i].g->bufs[1].type);
+    if (cases[sink].g)
+      run_case(&cases[sink], TY_F32, TY_BF16);
+    if (cases[transc].g)
+      run_case(&cases[transc], TY_F32, TY_F32);
+    /* adamw bf16 clip sr: the 64-bit, unaligned and non-finite cases */
+    int adamw_bf16 = 0;
+    while (adamw_bf16 < nmatrix && strcmp(cases[adamw_bf16].name, "adamw bf16 clip sr"))
+      adamw_bf16++;
+    ASSERT(adamw_bf16 < nmatrix);
+    test_unaligned(&cases[adamw_bf16]);
+    test_nonfinite(&cases[adamw_bf16]);
+    int adamw_mixed = 0;
+    while (adamw_mixed < nmatrix && strcmp(cases[adamw_mixed].name, "adamw bf16/fp32-states clip sr"))
+      adamw_mixed++;
+    ASSERT(adamw_mixed < nmatrix);
+    test_index64(&cases[adamw_mixed]);
+  }
+  for (int i = 0; i < n; i++)
+    case_free(&cases[i]);
+  free(cases);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  if (system(cmd) != 0)
+    printf("note: could not remove %s\n", dir);
+  printf("test_cuda_emu: %d checks, %d failed (%.1f s)\n", checks, failures, now_seconds() - t0);
+  return failures != 0;
+}
