@@ -93,9 +93,10 @@ bool cuda_device_arch(char *arch, size_t n, char *why, size_t whyn);
 bool cuda_device_describe(char *out, size_t n);
 
 /* An executor for program p over graph g's group laid out as l (both must
- * outlive it). It allocates one device buffer per graph buffer, of
- * l->total elements (zeroed), and uploads the chunk table. NULL with the
- * reason in err on failure. cuda_exec_free frees all of it. */
+ * outlive it): it loads the module and uploads the chunk table. Its flat
+ * buffers (one per graph buffer, l->total elements, zeroed) are allocated
+ * when first needed, unless cuda_exec_bind gives it the caller's. NULL
+ * with the reason in err on failure. cuda_exec_free frees all of it. */
 CudaExec *cuda_exec_create(const CudaProgram *p, const Graph *g, const GroupLayout *l, char *err, size_t errn);
 /* Host flat buffers (l->total elements each, in g's buffer order) to the
  * device and back. 0, or -1 with an error printed. */
@@ -106,7 +107,7 @@ int cuda_exec_download(CudaExec *x, void *const *bufs);
  * the flat buffer of graph buffer b, and stays the caller's to free. The
  * executor's own buffers are freed. */
 int cuda_exec_bind(CudaExec *x, const CudaPtr *bufs);
-CudaPtr cuda_exec_buffer(const CudaExec *x, int b);
+CudaPtr cuda_exec_buffer(CudaExec *x, int b); /* 0 (error printed) if none */
 /* One step, as cpu_step: the step values computed on the host with the
  * interpreter's arithmetic, one launch per phase over every chunk, the
  * partials folded on the host in chunk order. Returns after the device is

@@ -642,7 +642,7 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
                    OPTC_REDUCE_LANES, L->thread_index, t0);
       buf_printf(o, "      const int cnt = (int)((end - base - lane + 7) >> 3);\n");
       buf_printf(o, "      for (int k = 0; k < cnt; k++) {\n");
-      buf_printf(o, "        const double x = (double)st_%s[lane * %d + k];\n", st, e->row);
+      buf_printf(o, "        const double x = (double)st_%s[lane * %d + (cnt - 1 - k)];\n", st, e->row);
       switch (rk) {
       case RED_SUM: buf_printf(o, "        a_%s = a_%s + x;\n", st, st); break;
       case RED_SUMSQ: buf_printf(o, "        a_%s = a_%s + x * x;\n", st, st); break;

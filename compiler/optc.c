@@ -23,8 +23,8 @@ static const char usage_main[] =
     "subcommands:\n"
     "  compile       (the default) build, verify and print the step graph\n"
     "  exec          run optimizer steps on tensors from a safetensors file\n"
-    "  bench         time the step against eager, foreach, a fused loop and the\n"
-    "                memory bandwidth (optc bench optimizer --help)\n"
+    "  bench         optimizer: the step against eager, foreach, a fused loop and the\n"
+    "                memory bandwidth; step: a training step, compiled and eager\n"
     "  plan          per-rank memory, traffic and step time of a recipe (optc plan --help)\n"
     "  run           a finetune: optc run [--nproc N] full_finetune_distributed --config CONFIG\n"
     "\n"
@@ -715,11 +715,14 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "bench")) {
     if (argc >= 3 && !strcmp(argv[2], "optimizer"))
       return bench_optimizer(argc - 3, argv + 3);
+    if (argc >= 3 && !strcmp(argv[2], "step"))
+      return bench_step(argc - 3, argv + 3);
     if (argc >= 3 && (!strcmp(argv[2], "-h") || !strcmp(argv[2], "--help"))) {
-      puts("usage: optc bench optimizer [options]   (optc bench optimizer --help)");
+      puts("usage: optc bench optimizer [options]   the optimizer step, four ways (--help)\n"
+           "       optc bench step --config CONFIG  the training step, compiled and eager (--help)");
       return 0;
     }
-    error("usage: optc bench optimizer [options]");
+    error("usage: optc bench optimizer|step [options]");
     return 2;
   }
   return cmd_compile(argc - 1, argv + 1);

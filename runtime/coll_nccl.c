@@ -184,7 +184,7 @@ static const char *const fold_names[2][COLL_NTYPES] = {
 /* ---- state --------------------------------------------------------------------------- */
 typedef struct {
   Coll base;
-  Coll *mpi;          /* the bootstrap; NULL once handed back */
+  Coll *mpi;          /* the bootstrap (MPI), freed with this Coll */
   const char *op;     /* the collective in progress, for messages */
   bool failed;        /* some call failed: the peers may be gone */
   CUdevice dev;
@@ -537,51 +537,67 @@ static const CollImpl nccl_impl = {
     .free = nccl_free,
 };
 
+/* The arch to compile for: the device's own as a cubin when NVRTC knows it,
+ * else PTX for the newest arch NVRTC knows, which the driver compiles. */
+static void pick_arch(int major, int minor, char *arch, size_t n, bool *ptx) {
+  int want = major * 10 + minor, best = 0, count = 0;
+  int *archs = NULL;
+  if (nvrtcGetNumSupportedArchs(&count) == NVRTC_SUCCESS && count > 0 && (archs = malloc(sizeof *archs * count)) &&
+      nvrtcGetSupportedArchs(archs) == NVRTC_SUCCESS)
+    for (int i = 0; i < count; i++)
+      if (archs[i] <= want)
+        best = MAX(best, archs[i]);
+  free(archs);
+  *ptx = best != want;
+  snprintf(arch, n, "%s_%d", *ptx ? "compute" : "sm", best ? best : want);
+}
+
 /* Compiles kernel_src for the device into n->module. 0, or -1 with the
- * reason (NVRTC's log included) in err. */
+ * reason (NVRTC's log and the source included) in err. */
 static int compile_folds(CollNccl *n, int major, int minor, char *err, size_t errlen) {
+  char arch[32], opt[64];
+  bool ptx = false;
+  pick_arch(major, minor, arch, sizeof arch, &ptx);
+  snprintf(opt, sizeof opt, "--gpu-architecture=%s", arch);
+  /* No contraction and no flush to zero: the host's bits. */
+  const char *opts[] = {opt, "--fmad=false", "--ftz=false", "--std=c++17"};
   nvrtcProgram prog;
   nvrtcResult rc = nvrtcCreateProgram(&prog, kernel_src, "coll_folds.cu", 0, NULL, NULL);
   if (rc != NVRTC_SUCCESS) {
     snprintf(err, errlen, "%s:%d: nvrtcCreateProgram: %s", __FILE__, __LINE__, nvrtcGetErrorString(rc));
     return -1;
   }
-  char arch[64];
-  snprintf(arch, sizeof arch, "--gpu-architecture=sm_%d%d", major, minor);
-  /* No contraction and no flush to zero: the host's bits. */
-  const char *opts[] = {arch, "--fmad=false", "--ftz=false", "--prec-div=true", "--std=c++17"};
   rc = nvrtcCompileProgram(prog, (int)ARRAY_LEN(opts), opts);
-  size_t loglen = 0;
-  char *log = NULL;
-  if (nvrtcGetProgramLogSize(prog, &loglen) == NVRTC_SUCCESS && (log = malloc(loglen + 1)) &&
-      nvrtcGetProgramLog(prog, log) != NVRTC_SUCCESS)
-    log[0] = 0;
   if (rc != NVRTC_SUCCESS) {
-    snprintf(err, errlen, "%s:%d: nvrtcCompileProgram (%s): %s\n%s\n--- source ---\n%s", __FILE__, __LINE__, arch,
-             nvrtcGetErrorString(rc), log ? log : "", kernel_src);
+    size_t loglen = 0;
+    char *log = NULL;
+    if (nvrtcGetProgramLogSize(prog, &loglen) == NVRTC_SUCCESS && (log = calloc(1, loglen + 1)))
+      nvrtcGetProgramLog(prog, log);
+    snprintf(err, errlen, "%s:%d: nvrtcCompileProgram (%s): %s\n%s\n--- coll_folds.cu ---\n%s", __FILE__, __LINE__,
+             arch, nvrtcGetErrorString(rc), log ? log : "", kernel_src);
     free(log);
     nvrtcDestroyProgram(&prog);
     return -1;
   }
-  free(log);
   size_t size = 0;
-  char *cubin = NULL;
-  rc = nvrtcGetCUBINSize(prog, &size);
+  char *image = NULL;
+  rc = ptx ? nvrtcGetPTXSize(prog, &size) : nvrtcGetCUBINSize(prog, &size);
   if (rc == NVRTC_SUCCESS) {
-    cubin = malloc(size);
-    ASSERT(cubin);
-    rc = nvrtcGetCUBIN(prog, cubin);
+    image = calloc(1, size + 1); /* PTX is text: NUL-terminated */
+    ASSERT(image);
+    rc = ptx ? nvrtcGetPTX(prog, image) : nvrtcGetCUBIN(prog, image);
   }
   nvrtcDestroyProgram(&prog);
   if (rc != NVRTC_SUCCESS) {
-    snprintf(err, errlen, "%s:%d: nvrtcGetCUBIN: %s", __FILE__, __LINE__, nvrtcGetErrorString(rc));
-    free(cubin);
+    snprintf(err, errlen, "%s:%d: %s: %s", __FILE__, __LINE__, ptx ? "nvrtcGetPTX" : "nvrtcGetCUBIN",
+             nvrtcGetErrorString(rc));
+    free(image);
     return -1;
   }
-  CUresult cr = cu.ModuleLoadData(&n->module, cubin);
-  free(cubin);
+  CUresult cr = cu.ModuleLoadData(&n->module, image);
+  free(image);
   if (cr != CUDA_SUCCESS) {
-    snprintf(err, errlen, "%s:%d: cuModuleLoadData: %s", __FILE__, __LINE__, cu_errstr(cr));
+    snprintf(err, errlen, "%s:%d: cuModuleLoadData (%s): %s", __FILE__, __LINE__, arch, cu_errstr(cr));
     return -1;
   }
   for (int op = 0; op < 2; op++)
@@ -668,27 +684,30 @@ Coll *coll_nccl(int *argc, char ***argv, int device, char *err, size_t errlen) {
   if (compile_folds(n, major, minor, err, errlen) != 0)
     goto local_fail;
 local_fail:;
-  int bad = err[0] != 0, any = bad;
-  if (coll_all_reduce_max(mpi, &any, 1, COLL_I32) != 0) {
+  /* {failed, no GPU}, over all ranks: "no GPU" anywhere makes every rank
+   * say so (a test then skips on every rank). */
+  int mine[2] = {err[0] != 0, strncmp(err, "no GPU", 6) == 0}, any[2] = {mine[0], mine[1]};
+  if (coll_all_reduce_max(mpi, any, 2, COLL_I32) != 0) {
     snprintf(err, errlen, "%s:%d: cannot agree over MPI on the GPU setup", __FILE__, __LINE__);
     goto fail;
   }
-  if (any) {
-    if (!bad)
-      snprintf(err, errlen, "%s:%d: another rank could not set up its GPU", __FILE__, __LINE__);
+  if (any[0]) {
+    if (!mine[0])
+      snprintf(err, errlen, "%s%s:%d: another rank could not set up its GPU", any[1] ? "no GPU: " : "", __FILE__,
+               __LINE__);
     goto fail;
   }
 
   ncclUniqueId id;
   memset(&id, 0, sizeof id);
   ncclResult_t rc = n->base.rank == 0 ? ncclGetUniqueId(&id) : ncclSuccess;
-  int id_ok = rc == ncclSuccess;
-  if (coll_all_reduce_max(mpi, &(int){!id_ok}, 1, COLL_I32) != 0 || coll_broadcast(mpi, &id, sizeof id, 0) != 0) {
+  int id_bad = rc != ncclSuccess;
+  if (coll_all_reduce_max(mpi, &id_bad, 1, COLL_I32) != 0 || coll_broadcast(mpi, &id, sizeof id, 0) != 0) {
     snprintf(err, errlen, "%s:%d: cannot send the ncclUniqueId over MPI", __FILE__, __LINE__);
     goto fail;
   }
-  if (!id_ok) {
-    snprintf(err, errlen, "%s:%d: ncclGetUniqueId: %s", __FILE__, __LINE__, ncclGetErrorString(rc));
+  if (id_bad) {
+    snprintf(err, errlen, "%s:%d: ncclGetUniqueId on rank 0: %s", __FILE__, __LINE__, ncclGetErrorString(rc));
     goto fail;
   }
   rc = ncclCommInitRank(&n->comm, n->base.size, id, n->base.rank);

@@ -252,7 +252,8 @@ struct CudaExec {
   CudaKernel *kernels;  /* (nkernels) a copy of the program's launch facts */
   int maxred;
   CUdeviceptr *bufs;    /* (nbufs) the flat buffers */
-  bool own_bufs;
+  bool have_bufs;       /* allocated here, or bound */
+  bool own_bufs;        /* allocated here: freed here */
   CUdeviceptr d_bufs;   /* the table of them, as the kernels read it */
   CUdeviceptr d_chunks, d_step, d_tvals, d_partials;
   Scalar *step;         /* (nins) host copies */
@@ -268,7 +269,7 @@ static void free_bufs(CudaExec *x) {
       if (x->bufs[b])
         CU_CHECK(drv.MemFree(x->bufs[b]));
   memset(x->bufs, 0, sizeof(CUdeviceptr) * (size_t)x->g->nbufs);
-  x->own_bufs = false;
+  x->own_bufs = x->have_bufs = false;
 }
 
 void cuda_exec_free(CudaExec *x) {
@@ -356,15 +357,8 @@ CudaExec *cuda_exec_create(const CudaProgram *p, const Graph *g, const GroupLayo
             CU_CHECK(drv.MemAllocHost((void **)&x->partials, sizeof(double) * (nchunks + 1) * (size_t)x->maxred));
   if (ok && nchunks)
     ok = CU_CHECK(drv.MemcpyHtoD(x->d_chunks, l->chunks, sizeof(Chunk) * nchunks));
-  x->own_bufs = true;
-  for (int b = 0; ok && b < g->nbufs; b++) {
-    size_t bytes = (size_t)l->total * (size_t)type_size(g->bufs[b].type);
-    ok = alloc(&x->bufs[b], bytes) && CU_CHECK(drv.MemsetD8(x->bufs[b], 0, bytes ? bytes : 8));
-  }
-  if (ok && g->nbufs)
-    ok = CU_CHECK(drv.MemcpyHtoD(x->d_bufs, x->bufs, sizeof(CUdeviceptr) * (size_t)g->nbufs));
   if (!ok) {
-    snprintf(err, errn, "out of device memory for %lld elements in %d buffers", (long long)l->total, g->nbufs);
+    snprintf(err, errn, "out of device memory for the chunk table of %lld chunks", (long long)l->nchunks);
     goto fail;
   }
   return x;
@@ -373,21 +367,45 @@ fail:
   return NULL;
 }
 
+/* The table of buffer addresses the kernels read. */
+static bool put_table(CudaExec *x) {
+  return x->g->nbufs == 0 || CU_CHECK(drv.MemcpyHtoD(x->d_bufs, x->bufs, sizeof(CUdeviceptr) * (size_t)x->g->nbufs));
+}
+
+/* The executor's own flat buffers, zeroed, allocated when first needed
+ * (so that a bound executor never holds a second copy). */
+static bool ensure_bufs(CudaExec *x) {
+  if (x->have_bufs)
+    return true;
+  const Graph *g = x->g;
+  x->own_bufs = x->have_bufs = true;
+  for (int b = 0; b < g->nbufs; b++) {
+    size_t bytes = (size_t)x->l->total * (size_t)type_size(g->bufs[b].type);
+    if (!alloc(&x->bufs[b], bytes) || !CU_CHECK(drv.MemsetD8(x->bufs[b], 0, bytes ? bytes : 8))) {
+      error("out of device memory for @%s (%lld elements)", g->bufs[b].name, (long long)x->l->total);
+      free_bufs(x);
+      return false;
+    }
+  }
+  return put_table(x);
+}
+
 int cuda_exec_bind(CudaExec *x, const CudaPtr *bufs) {
   if (!driver())
     return -1;
   free_bufs(x);
   for (int b = 0; b < x->g->nbufs; b++)
     x->bufs[b] = bufs[b];
-  return x->g->nbufs == 0 || CU_CHECK(drv.MemcpyHtoD(x->d_bufs, x->bufs, sizeof(CUdeviceptr) * (size_t)x->g->nbufs))
-             ? 0
-             : -1;
+  x->have_bufs = true;
+  return put_table(x) ? 0 : -1;
 }
 
-CudaPtr cuda_exec_buffer(const CudaExec *x, int b) { return b >= 0 && b < x->g->nbufs ? x->bufs[b] : 0; }
+CudaPtr cuda_exec_buffer(CudaExec *x, int b) {
+  return b >= 0 && b < x->g->nbufs && driver() && ensure_bufs(x) ? x->bufs[b] : 0;
+}
 
 static int copy_bufs(CudaExec *x, void *const *host, bool up) {
-  if (!driver())
+  if (!driver() || !ensure_bufs(x))
     return -1;
   for (int b = 0; b < x->g->nbufs; b++) {
     size_t bytes = (size_t)x->l->total * (size_t)type_size(x->g->bufs[b].type);
@@ -438,7 +456,7 @@ int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res) {
   const Plan *p = g->plan;
   memset(res, 0, sizeof *res);
   x->kernel_ms = 0;
-  if (!driver())
+  if (!driver() || !ensure_bufs(x))
     return -1;
   size_t nchunks = (size_t)l->nchunks;
   bool ok = !args || args->grads_finite != 0;

@@ -115,6 +115,8 @@ int inventory_tensors(const ModelConfig *m, bool torchtune, InvTensor **out);
 
 /* ---- bench/bench.c: optc bench ------------------------------------------------------------ */
 int bench_optimizer(int argc, char **argv);
+/* bench/step.c: optc bench step */
+int bench_step(int argc, char **argv);
 /* bench/plan.c: optc plan */
 int cmd_plan(int argc, char **argv);
 

@@ -385,7 +385,7 @@ static void test_algorithms(void) {
   const char *want_rs = "local:copy", *want_ag = "local:copy", *want_ar = "local:copy";
   if (strcmp(coll_name(C), "mpi") == 0) {
     want_rs = "own:pairwise";
-    want_ag = "own:pairwise";
+    want_ag = "library:MPI_Allgather";
     want_ar = "own:pairwise reduce_scatter+all_gather";
   } else if (strcmp(coll_name(C), "nccl") == 0) {
     want_rs = "own:ncclSend/ncclRecv+sum";

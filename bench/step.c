@@ -1,0 +1,138 @@
+/* step.c: `optc bench step`: the whole training step of a recipe, with the
+ * optimizer compiled and with it eager, in one run: tokens per second
+ * side by side, the loss curve's start and end, and where the time of a
+ * step goes (forward and backward, collectives, optimizer). */
+#include "../runtime/coll.h"
+#include "../runtime/rt.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+
+static const char usage[] =
+    "usage: optc bench step --config CONFIG [--steps N] [--reps R] [--json FILE] [KEY=VALUE ...]\n"
+    "\n"
+    "Trains the recipe for N steps (default 40) from the same start with the\n"
+    "optimizer step compiled and eager, alternating, R times each (default 3),\n"
+    "and prints the median tokens/s side by side, each run's loss at its first\n"
+    "and last step and its held-out loss before and after, and the median time\n"
+    "per step of forward+backward, collectives and the optimizer. No\n"
+    "checkpoints or metrics files are written.\n";
+
+static int write_text(FILE *f, void *ctx) { return fputs(ctx, f) < 0 ? -1 : 0; }
+
+int bench_step(int argc, char **argv) {
+  const char *config = NULL, *json_path = NULL;
+  long steps = 40;
+  int reps = 3;
+  const char **ov = calloc((size_t)argc + 2, sizeof(char *));
+  int nov = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      fputs(usage, stdout);
+      free(ov);
+      return 0;
+    } else if (v && !strcmp(a, "--config")) {
+      config = v, i++;
+    } else if (v && !strcmp(a, "--json")) {
+      json_path = v, i++;
+    } else if (v && !strcmp(a, "--reps")) {
+      reps = atoi(v), i++;
+      if (reps < 1) {
+        error("--reps needs a positive number");
+        free(ov);
+        return 2;
+      }
+    } else if (v && !strcmp(a, "--steps")) {
+      steps = atol(v), i++;
+      if (steps < 1) {
+        error("--steps needs a positive number");
+        free(ov);
+        return 2;
+      }
+    } else if (strchr(a, '=') && a[0] != '-') {
+      ov[nov++] = a;
+    } else {
+      error("unknown option '%s' (see optc bench step --help)", a);
+      free(ov);
+      return 2;
+    }
+  }
+  if (!config) {
+    error("bench step needs --config CONFIG");
+    free(ov);
+    return 2;
+  }
+  /* The machine's noise moves whole runs: alternate the two, keep the median. */
+  TrainResult all[2][16] = {{{0}}};
+  reps = MIN(reps, 16);
+  const char *name[2] = {"compiled", "eager"};
+  int rc = 0;
+  for (int rep = 0; rep < reps && rc == 0; rep++)
+    for (int k = 0; k < 2 && rc == 0; k++) {
+      ov[nov] = k == 0 ? "compile.optimizer_step=true" : "compile.optimizer_step=false";
+      Arena *arena = arena_new();
+      Recipe *r = recipe_load(config, ov, nov + 1, arena);
+      Coll *coll = coll_local();
+      fprintf(stderr, "\n== %s optimizer, run %d of %d\n", name[k], rep + 1, reps);
+      if (!r || train_run(r, coll, &(TrainOptions){.steps = steps, .bench = true, .eval = rep == 0}, &all[k][rep]) != 0)
+        rc = 1;
+      coll_free(coll);
+      arena_free(arena);
+    }
+  free(ov);
+  if (rc != 0)
+    return rc;
+  TrainResult res[2];
+  for (int k = 0; k < 2; k++) {
+    /* the run with the median tokens/s, with the first run's held-out losses */
+    int order[16];
+    for (int i = 0; i < reps; i++)
+      order[i] = i;
+    for (int i = 1; i < reps; i++)
+      for (int j = i; j > 0 && all[k][order[j]].tokens_per_second < all[k][order[j - 1]].tokens_per_second; j--) {
+        int tmp = order[j];
+        order[j] = order[j - 1];
+        order[j - 1] = tmp;
+      }
+    res[k] = all[k][order[reps / 2]];
+    res[k].heldout_before = all[k][0].heldout_before;
+    res[k].heldout_after = all[k][0].heldout_after;
+  }
+  double ms[2][3];
+  for (int k = 0; k < 2; k++) {
+    ms[k][0] = res[k].t_fwdbwd / res[k].steps * 1e3;
+    ms[k][1] = res[k].t_coll / res[k].steps * 1e3;
+    ms[k][2] = res[k].t_opt / res[k].steps * 1e3;
+  }
+  printf("\noptc bench step: %s, %ld steps, median of %d runs each\n", config, res[0].steps, reps);
+  printf("  %-26s %14s %14s\n", "", "compiled", "eager");
+  printf("  %-26s %14.0f %14.0f   (%.2fx)\n", "tokens/s per rank", res[0].tokens_per_second,
+         res[1].tokens_per_second, res[0].tokens_per_second / res[1].tokens_per_second);
+  printf("  %-26s %6.4f->%6.4f %6.4f->%6.4f\n", "loss, first -> last step", res[0].first_loss, res[0].last_loss,
+         res[1].first_loss, res[1].last_loss);
+  printf("  %-26s %6.4f->%6.4f %6.4f->%6.4f\n", "held-out loss", res[0].heldout_before, res[0].heldout_after,
+         res[1].heldout_before, res[1].heldout_after);
+  printf("  %-26s %14.2f %14.2f\n", "forward+backward ms/step", ms[0][0], ms[1][0]);
+  printf("  %-26s %14.2f %14.2f\n", "collectives ms/step", ms[0][1], ms[1][1]);
+  printf("  %-26s %14.2f %14.2f   (%.1fx)\n", "optimizer ms/step", ms[0][2], ms[1][2], ms[1][2] / ms[0][2]);
+  printf("  (the two runs' losses are %s)\n", res[0].last_loss == res[1].last_loss ? "identical, bit for bit" : "DIFFERENT");
+  if (json_path) {
+    json_t *o = json_pack("{s:s, s:I, s:[]}", "config", config, "steps", (json_int_t)res[0].steps, "results");
+    for (int k = 0; k < 2; k++)
+      json_array_append_new(json_object_get(o, "results"),
+                            json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "optimizer", name[k],
+                                      "tokens_per_second_per_rank", res[k].tokens_per_second, "first_loss",
+                                      res[k].first_loss, "last_loss", res[k].last_loss, "heldout_before",
+                                      res[k].heldout_before, "heldout_after", res[k].heldout_after,
+                                      "forward_backward_ms", ms[k][0], "collectives_ms", ms[k][1], "optimizer_ms",
+                                      ms[k][2]));
+    json_object_set_new(o, "speedup", json_real(res[0].tokens_per_second / res[1].tokens_per_second));
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    rc = file_write_atomic_with(json_path, write_text, text) ? 1 : 0;
+    free(text);
+    json_decref(o);
+  }
+  return rc;
+}
