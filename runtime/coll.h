@@ -35,8 +35,9 @@
  * counts, types and roots, in the same order. They return when the
  * result is in place. 0, or -1 with an error printed as `FILE:LINE: CALL:
  * the library's message (rank R of N, OP)`; after an error the Coll can
- * only be freed, and the caller should exit non-zero (mpirun then stops
- * every other rank). Counts are elements; a count of 0 is a no-op and its
+ * only be freed (which then skips MPI_Finalize: it would wait for ranks
+ * that may be gone), and the caller should exit non-zero (mpirun then
+ * stops every other rank). Counts are elements; a count of 0 is a no-op and its
  * buffers may be NULL. */
 #pragma once
 #include <stdbool.h>
@@ -104,7 +105,8 @@ void coll_set_timeout(Coll *c, double seconds);
  * each tile of elements is read whole before it is written. */
 void coll_reduce_host(void *out, const void *const *in, int n, int64_t count, CollType t, CollRed op);
 
-/* World size 1: every collective is a copy. The caller frees with coll_free. */
+/* World size 1: every collective is a copy (a sum of one rank still stores
+ * a NaN as the canonical one). The caller frees with coll_free. */
 Coll *coll_local(void);
 
 /* ---- coll_mpi.c: CPU ranks under mpirun -------------------------------------

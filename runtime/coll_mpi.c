@@ -16,13 +16,15 @@
  * all-gather (each rank's block straight to every other rank) measured
  * within 5% of MPI_Allgather, either way, from 1 to 256 MB.
  *
- * Measured with bench/coll_bench.c on 2 ranks of a 2-core VM (single-core
- * memcpy 8.9 GB/s), f32, median ms (algbw GB/s):
- *                           64 MB           256 MB
- *   MPI_Reduce_scatter_block 62 (1.08)      236 (1.14)
- *   own pairwise             12.3 (5.45)    51.7 (5.19)
- *   MPI_Allgather            11.8 (5.68)    35.8 (7.50)
- *   own pairwise             11.4 (5.86)    38.8 (6.92)
+ * Measured with bench/coll_bench.c on 2 ranks of a shared 2-core VM
+ * (single-core memcpy 8.4 GB/s), f32, median ms (algbw GB/s); the 64 MB
+ * all-gathers are from a second run, the first having been disturbed, and
+ * runs while the machine was busy were up to 3x slower, in the same order:
+ *                             64 MB          256 MB
+ *   MPI_Reduce_scatter_block  64.7 (1.04)    237 (1.13)
+ *   own pairwise              13.3 (5.05)    53.6 (5.01)
+ *   MPI_Allgather             11.4 (5.87)    43.2 (6.22)
+ *   own pairwise              11.2 (6.01)    42.7 (6.28)
  * Open MPI 4.1's MPI_Reduce_scatter_block is deterministic from run to run
  * (its algorithm is a fixed function of the world size and the count: the
  * benchmark sees the same bits twice), but its order is not rank order
@@ -30,9 +32,13 @@
  *
  * Errors: the communicator returns them (MPI_ERRORS_RETURN), and each is
  * printed with file:line, the call and MPI_Error_string. A rank that dies
- * (killed, or exiting non-zero after an error) makes mpirun end the job
- * within about a second, naming the rank and its exit code or signal; the
- * others are killed, as they are when they wait forever in a call. */
+ * (kill -9, or exiting non-zero after an error) makes mpirun end the job
+ * within about a second, naming the rank and its exit code or signal
+ * ("mpirun noticed that process rank 1 ... exited on signal 9"), and
+ * mpirun exits non-zero (137, or the rank's code); the others are killed
+ * wherever they wait. A rank that hangs but lives is caught only by the
+ * timeout (coll_set_timeout, $OPTC_COLL_TIMEOUT): the waiting ranks fail,
+ * naming the ranks they wait for, exit non-zero, and mpirun ends the job. */
 #include "coll.h"
 
 #include "base.h"
@@ -42,7 +48,9 @@
 #include <string.h>
 
 enum {
-  CHUNK_BYTES = 256 << 10,     /* per peer and pipeline stage of a reduce-scatter */
+  /* Per peer and pipeline stage of a reduce-scatter: 128 to 512 KB measured
+   * alike, 64 KB and 1 MB or more 2-4x slower (L2 is 1 MB here). */
+  CHUNK_BYTES = 256 << 10,
   PIECE_BYTES = 1 << 30,       /* the largest single message: MPI counts are int */
   SMALL_ALL_REDUCE = 64 << 10, /* gather-and-sum all-reduce up to size*count bytes */
   TAG_RS = 1,
@@ -124,9 +132,9 @@ static int wait_all(CollMpi *m, int n, MPI_Request *reqs, const int *peer) {
       buf_printf(&b, "%sthe other ranks", b.len ? ", " : "");
       break;
     }
-    bool seen = false;
+    bool seen = false; /* among the pending: MPI_Test nulled the done */
     for (int j = 0; j < i; j++)
-      seen |= peer[j] == peer[i];
+      seen |= reqs[j] != MPI_REQUEST_NULL && peer[j] == peer[i];
     if (!seen)
       buf_printf(&b, "%srank %d", b.len ? ", " : "", peer[i]);
   }
