@@ -695,7 +695,9 @@ local_fail:;
     if (!mine[0])
       snprintf(err, errlen, "%s%s:%d: another rank could not set up its GPU", any[1] ? "no GPU: " : "", __FILE__,
                __LINE__);
-    goto fail;
+    /* every rank knows and no NCCL communicator exists: MPI closes normally */
+    nccl_free(&n->base);
+    return NULL;
   }
 
   ncclUniqueId id;
