@@ -33,7 +33,7 @@
  * name from its SSA name (v_<name>; x_ loads, s_ step values, t_ tensor
  * values, o_ stores, st_ staged reduction operands), so expected-output
  * files diff cleanly. */
-#include "cuda.h"
+#include "gpu.h"
 
 #include <string.h>
 
@@ -295,8 +295,8 @@ static const char *literal(E *e, Type t, double v) {
   char s[48];
   switch (t) {
   case TY_BOOL: return v != 0 ? "true" : "false";
-  case TY_I32: return arena_printf(e->a, "%lld", (long long)v);
-  case TY_I64: return arena_printf(e->a, "%lldLL", (long long)v);
+  case TY_I32: return arena_printf(e->a, v < 0 ? "(%lld)" : "%lld", (long long)v);
+  case TY_I64: return arena_printf(e->a, v < 0 ? "(%lldLL)" : "%lldLL", (long long)v);
   case TY_BF16: case TY_F16: {
     float f = (float)v;
     return arena_printf(e->a, "(unsigned short)0x%04x", t == TY_BF16 ? optc_f32_to_bf16(f) : optc_f32_to_f16(f));
@@ -642,7 +642,7 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
                    OPTC_REDUCE_LANES, L->thread_index, t0);
       buf_printf(o, "      const int cnt = (int)((end - base - lane + 7) >> 3);\n");
       buf_printf(o, "      for (int k = 0; k < cnt; k++) {\n");
-      buf_printf(o, "        const double x = (double)st_%s[lane * %d + (cnt - 1 - k)];\n", st, e->row);
+      buf_printf(o, "        const double x = (double)st_%s[lane * %d + k];\n", st, e->row);
       switch (rk) {
       case RED_SUM: buf_printf(o, "        a_%s = a_%s + x;\n", st, st); break;
       case RED_SUMSQ: buf_printf(o, "        a_%s = a_%s + x * x;\n", st, st); break;

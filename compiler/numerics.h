@@ -20,6 +20,10 @@
 #ifndef __CUDACC_RTC__
 #include <stdint.h>
 #include <string.h>
+#else /* NVRTC has no <stdint.h> */
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
 #endif
 
 #ifdef __CUDACC__

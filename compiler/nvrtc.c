@@ -16,7 +16,7 @@
  * Built without NVRTC (meson -Dcuda=disabled, or no toolkit), every entry
  * point says so and the rest of optc is unchanged: this file is the one
  * place that knows (OPTC_HAVE_NVRTC). */
-#include "cuda.h"
+#include "gpu.h"
 
 #include <string.h>
 

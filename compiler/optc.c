@@ -56,6 +56,7 @@ static const char usage_exec[] =
     "  --backend NAME       interp: the reference interpreter (the default)\n"
     "                       eager: the front end's graph op by op, as torch eager\n"
     "                       cpu: the compiled step (LLVM), multithreaded\n"
+    "                       cuda: the compiled step on GPU 0 (NVRTC; the driver is dlopened)\n"
     "  --threads N          threads for --backend cpu (default: the cores available,\n"
     "                       divided among the ranks)\n"
     "  --nproc N            run the step sharded over N ranks (FSDP-style: grads\n"
@@ -81,6 +82,11 @@ static const char usage_compile[] =
     "  --emit=llvm           the CPU backend's LLVM IR, before and after default<O3>\n"
     "  --emit=asm            the CPU backend's assembly\n"
     "  --target=cpu          the backend --emit and --time compile for (cpu is the default)\n"
+    "  --target=cuda         ... or the GPU backend: --emit=cuda (the CUDA C), ptx or cubin\n"
+    "  --arch=sm_90          with --target=cuda: the GPU arch (default: GPU 0's, else sm_90;\n"
+    "                        compute_90 gives PTX only)\n"
+    "  --verbose             with --target=cuda: each kernel's registers, spills, stack,\n"
+    "                        block size and shared memory (ptxas -v)\n"
     "  --cpu=NAME            compile for this CPU (e.g. skylake-avx512) instead of the host\n"
     "  --time                compile for the target and print the time of each stage\n"
     "  --emit=plan           print the phase plan: per phase, the buffers read and\n"
@@ -135,6 +141,8 @@ static int cmd_compile(int argc, char **argv) {
   PipelineOptions po = {0};
   bool dump = false, json = false, eager = false, timing = false;
   CpuTarget target = {0};
+  CudaTarget gpu = {0};
+  bool cuda = false, verbose = false;
   const char **overrides = calloc((size_t)argc + 1, sizeof(char *));
   int nov = 0;
   for (int i = 0; i < argc; i++) {
@@ -164,18 +172,24 @@ static int cmd_compile(int argc, char **argv) {
       }
     } else if (!strncmp(a, "--emit=", 7) || !strcmp(a, "--emit")) {
       emit = a[6] == '=' ? a + 7 : (i + 1 < argc ? argv[++i] : "");
-      if (strcmp(emit, "ir") && strcmp(emit, "plan") && strcmp(emit, "llvm") && strcmp(emit, "asm")) {
-        error("unknown --emit value '%s'; expected ir, plan, llvm or asm", emit);
+      if (strcmp(emit, "ir") && strcmp(emit, "plan") && strcmp(emit, "llvm") && strcmp(emit, "asm") &&
+          strcmp(emit, "cuda") && strcmp(emit, "ptx") && strcmp(emit, "cubin")) {
+        error("unknown --emit value '%s'; expected ir, plan, llvm, asm, cuda, ptx or cubin", emit);
         free(overrides);
         return 2;
       }
     } else if (!strncmp(a, "--target", 8) && (a[8] == '=' || a[8] == 0)) {
       const char *t = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : "");
-      if (strcmp(t, "cpu") != 0) {
-        error("unknown --target '%s'; expected cpu", t);
+      if (strcmp(t, "cpu") != 0 && strcmp(t, "cuda") != 0) {
+        error("unknown --target '%s'; expected cpu or cuda", t);
         free(overrides);
         return 2;
       }
+      cuda = !strcmp(t, "cuda");
+    } else if (!strncmp(a, "--arch", 6) && (a[6] == '=' || a[6] == 0)) {
+      gpu.arch = a[6] == '=' ? a + 7 : (i + 1 < argc ? argv[++i] : "");
+    } else if (!strcmp(a, "--verbose")) {
+      verbose = true;
     } else if (!strncmp(a, "--cpu", 5) && (a[5] == '=' || a[5] == 0)) {
       target.cpu = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : "");
     } else if (!strcmp(a, "--time")) {
@@ -228,8 +242,15 @@ static int cmd_compile(int argc, char **argv) {
   double t0 = now_seconds();
   Graph *g = load_config(config, overrides, nov, arena);
   bool plan = emit && !strcmp(emit, "plan");
-  bool codegen = emit && (!strcmp(emit, "llvm") || !strcmp(emit, "asm"));
-  if (g && !ends_with(config, ".yaml") && !ends_with(config, ".yml") && (plan || codegen || timing))
+  bool gpu_emit = emit && (!strcmp(emit, "cuda") || !strcmp(emit, "ptx") || !strcmp(emit, "cubin"));
+  bool codegen = emit && (!strcmp(emit, "llvm") || !strcmp(emit, "asm") || gpu_emit);
+  if (gpu_emit && !cuda) {
+    error("--emit=%s is the GPU backend's: add --target=cuda", emit);
+    free(overrides);
+    arena_free(arena);
+    return 2;
+  }
+  if (g && !ends_with(config, ".yaml") && !ends_with(config, ".yml") && (plan || codegen || timing || verbose))
     g = optir_specialize(g, NULL, 0, arena); /* options take their defaults */
   times.frontend = (now_seconds() - t0) * 1e3;
   if (g && emit && !plan && !codegen && !dump)
@@ -242,7 +263,16 @@ static int cmd_compile(int argc, char **argv) {
   times.passes = (now_seconds() - t0) * 1e3;
   if (passed) {
     rc = 0;
-    if (codegen) {
+    if (gpu_emit) {
+      Buf b = {0};
+      int r = !strcmp(emit, "cuda") ? cuda_emit_source(g, &gpu, &b)
+              : !strcmp(emit, "ptx") ? cuda_emit_ptx(g, &gpu, &b)
+                                     : cuda_emit_cubin(g, &gpu, &b);
+      rc = r ? 1 : 0;
+      if (b.len && fwrite(b.data, 1, b.len, out.f) != b.len) /* a cubin holds NULs */
+        rc = 1;
+      buf_free(&b);
+    } else if (codegen) {
       Buf b = {0};
       if (!strcmp(emit, "asm")) {
         rc = cpu_emit_asm(g, &target, &b) ? 1 : 0;
@@ -256,7 +286,34 @@ static int cmd_compile(int argc, char **argv) {
         fputs(b.data, out.f);
       buf_free(&b);
     }
-    if (timing) {
+    if ((timing || verbose) && cuda) {
+      CudaTarget tt = gpu;
+      tt.no_cache = true; /* time the whole compile; a second, cached compile is timed next */
+      CudaProgram *prog = cuda_compile(g, &tt, &times);
+      CompileTimes cached = {0};
+      CudaProgram *again = prog ? cuda_compile(g, &gpu, &cached) : NULL;
+      if (!prog)
+        rc = 1;
+      else {
+        if (timing)
+          fprintf(out.f,
+                  "compile %s for %s: %d phase%s\n  front end   %8.2f ms\n  passes      %8.2f ms\n"
+                  "  CUDA C      %8.2f ms\n  NVRTC       %8.2f ms\n  total       %8.2f ms\n",
+                  config, prog->arch, g->nphases, g->nphases == 1 ? "" : "s", times.frontend, times.passes,
+                  times.build, times.codegen, times.frontend + times.passes + times.build + times.codegen);
+        if (timing && again)
+          fprintf(out.f, "  warm (disk cache %s): %.2f ms\n", cached.cache_hit ? "hit" : "off",
+                  cached.build + cached.codegen);
+        if (verbose) {
+          Buf b = {0};
+          cuda_program_report(prog, &b);
+          fputs(b.data, out.f);
+          buf_free(&b);
+        }
+      }
+      cuda_program_free(prog);
+      cuda_program_free(again);
+    } else if (timing) {
       CpuTarget tt = target;
       tt.no_cache = true; /* time the whole compile; a second, cached compile is timed next */
       CpuProgram *prog = cpu_compile(g, &tt, &times);
@@ -358,7 +415,7 @@ static int cmd_exec(int argc, char **argv) {
     } else if (FLAG("--backend")) {
       const char *s = TAKE();
       if (!s || !backend_from_name(s, &backend)) {
-        error("unknown --backend '%s'; expected one of: interp, eager, cpu", s ? s : "");
+        error("unknown --backend '%s'; expected one of: interp, eager, cpu, cuda", s ? s : "");
         goto done;
       }
     } else if (FLAG("--nproc")) {

@@ -13,7 +13,7 @@
  * the reductions have the interpreter's bits. A step-scope reduction that
  * is not finite skips the rest of the step, as does grads_finite == 0
  * (with grads_finite < 0, the optc_nonfinite kernel finds out first). */
-#include "../compiler/cuda.h"
+#include "../compiler/gpu.h"
 
 #include <dlfcn.h>
 #include <math.h>
@@ -50,6 +50,7 @@ enum {
   X(DeviceGetName, "cuDeviceGetName", (char *name, int len, CUdevice d)) \
   X(DeviceGetAttribute, "cuDeviceGetAttribute", (int *v, int attr, CUdevice d)) \
   X(DeviceTotalMem, "cuDeviceTotalMem_v2", (size_t *bytes, CUdevice d)) \
+  X(MemGetInfo, "cuMemGetInfo_v2", (size_t *free, size_t *total)) \
   X(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext *c, CUdevice d)) \
   X(CtxSetCurrent, "cuCtxSetCurrent", (CUcontext c)) \
   X(CtxSynchronize, "cuCtxSynchronize", (void)) \
@@ -198,6 +199,10 @@ bool cuda_device_describe(char *out, size_t n) {
 }
 
 /* ---- device memory ----------------------------------------------------------------------- */
+
+bool cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+  return driver() && CU_CHECK(drv.MemGetInfo(free_bytes, total_bytes));
+}
 
 CudaPtr cuda_malloc(size_t bytes) {
   CUdeviceptr p = 0;

@@ -227,7 +227,8 @@ int group_from_file(ParamGroup *pg, const Graph *g, const TensorFile *tf, const 
     int64_t off = pg->layout.offset[i];
     size_t pes = (size_t)type_size(g->bufs[bp].type);
     memcpy((char *)pg->bufs[bp] + (size_t)off * pes, params[i]->data, (size_t)params[i]->numel * pes);
-    memcpy((char *)pg->bufs[bg] + (size_t)off * pes, grads[i]->data, (size_t)grads[i]->numel * (size_t)type_size(g->bufs[bg].type));
+    size_t ges = (size_t)type_size(g->bufs[bg].type); /* the grad may be narrower than the param */
+    memcpy((char *)pg->bufs[bg] + (size_t)off * ges, grads[i]->data, (size_t)grads[i]->numel * ges);
     /* The copy already reads every grad: the finite check rides on it. */
     finite = finite && all_finite(grads[i]->data, grads[i]->dtype, grads[i]->numel);
     for (int b = 0; b < g->nbufs; b++) {
@@ -384,9 +385,16 @@ int executor_init(Executor *x, Backend b, const Graph *optimized, const Graph *u
       return -1;
     x->pool = pool_create(threads);
     return 0;
-  default:
-    error("backend '%s' is not available in this build", backend_names[b]);
-    return -1;
+  case BACKEND_CUDA: {
+    char why[256];
+    if (!cuda_device_available(why, sizeof why)) {
+      error("--backend cuda: %s", why);
+      return -1;
+    }
+    x->cuda = cuda_compile(optimized, NULL, &x->times);
+    return x->cuda ? 0 : -1;
+  }
+  default: unreachable();
   }
 }
 
@@ -396,11 +404,28 @@ int executor_step(Executor *x, ParamGroup *pg, const StepArgs *args, StepResult 
   case BACKEND_INTERP: return interp_step(pg->g, &pg->layout, pg->bufs, args, res);
   case BACKEND_EAGER: return eager_step(pg->g, &pg->layout, pg->bufs, args, res);
   case BACKEND_CPU: return cpu_step(x->cpu, x->pool, pg->g, &pg->layout, pg->bufs, args, res);
+  case BACKEND_CUDA: {
+    /* The group lives in host memory here: up before the step, back after
+     * it (a caller that keeps it on the device uses cuda_exec_* itself). */
+    if (!x->cuda_exec) {
+      char err[512];
+      x->cuda_exec = cuda_exec_create(x->cuda, pg->g, &pg->layout, err, sizeof err);
+      if (!x->cuda_exec) {
+        error("--backend cuda: %s", err);
+        return -1;
+      }
+    }
+    if (cuda_exec_upload(x->cuda_exec, pg->bufs) != 0 || cuda_step(x->cuda_exec, args, res) != 0)
+      return -1;
+    return res->skipped ? 0 : cuda_exec_download(x->cuda_exec, pg->bufs);
+  }
   default: unreachable();
   }
 }
 
 void executor_free(Executor *x) {
+  cuda_exec_free(x->cuda_exec);
+  cuda_program_free(x->cuda);
   cpu_program_free(x->cpu);
   pool_free(x->pool);
   memset(x, 0, sizeof *x);

@@ -2,6 +2,7 @@
  * run a compiled step over them, and the commands built on both. */
 #pragma once
 #include "../compiler/codegen.h"
+#include "../compiler/gpu.h"
 #include "../compiler/frontend.h"
 #include "../compiler/plan.h"
 #include "model/llama4.h"
@@ -65,6 +66,8 @@ typedef struct {
   const Graph *g;        /* the graph this executor runs */
   CpuProgram *cpu;
   ThreadPool *pool;
+  CudaProgram *cuda;     /* the cuda backend's program, and */
+  CudaExec *cuda_exec;   /* its executor, made at the first step (it needs the layout) */
   CompileTimes times;
 } Executor;
 

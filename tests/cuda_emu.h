@@ -52,7 +52,6 @@
 #endif
 
 #include <dlfcn.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +60,24 @@
 #include <ucontext.h>
 
 /* ---- the language -------------------------------------------------------------------- */
+
+/* CUDA's math functions are glibc's here. Declared rather than taken from
+ * <math.h>, whose C++ form (all of <cmath>) would be most of each
+ * module's compile time. */
+extern "C" {
+float sqrtf(float) noexcept;
+double sqrt(double) noexcept;
+float fabsf(float) noexcept;
+double fabs(double) noexcept;
+float fmaf(float, float, float) noexcept;
+double fma(double, double, double) noexcept;
+float powf(float, float) noexcept;
+double pow(double, double) noexcept;
+float expf(float) noexcept;
+double exp(double) noexcept;
+float logf(float) noexcept;
+double log(double) noexcept;
+}
 
 #define __global__
 #define __device__
@@ -175,6 +192,15 @@ static int run_block(unsigned threads) {
   }
 }
 
+/* The fibers go when the module is unloaded (cuModuleUnload's dlclose). */
+__attribute__((destructor)) static void free_fibers() {
+  for (unsigned t = 0; t < nfibers; t++)
+    free(fibers[t].stack);
+  free(fibers);
+  fibers = NULL;
+  nfibers = 0;
+}
+
 } // namespace optc_emu
 
 static inline void __syncthreads() { optc_emu::barrier(); }
@@ -228,6 +254,7 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int) {
   return 0;
 }
 CUresult cuDeviceTotalMem_v2(size_t *bytes, int) { return *bytes = (size_t)1 << 30, 0; }
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) { return *free_bytes = *total = (size_t)1 << 30, 0; }
 CUresult cuDevicePrimaryCtxRetain(void **c, int) {
   static int context;
   return *c = &context, 0;

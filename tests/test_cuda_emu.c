@@ -17,15 +17,15 @@
  *   optc_nonfinite kernel runs): every byte of every buffer, and the
  *   step-scope reductions, equal the interpreter's.
  * - A program with every op, type and scope the emitter renders (f16,
- *   bf16 and f64 buffers, tensor-scope reductions, five reductions in one
- *   phase, staged in segments), and one with pow, exp and log per element
- *   (exact here: both sides use glibc).
+ *   bf16, f32 and f64 buffers, tensor-scope reductions, five reductions in
+ *   one phase, staged in segments), and one with pow, exp and log per
+ *   element (exact here: both sides use glibc).
  * - Unaligned buffers (the one-by-one path everywhere), 64-bit indices
  *   (a chunk past 2^31 in the flat buffers and past 2^32 in its tensor,
  *   over moved-back base pointers), non-finite grads (skipped as the
  *   interpreter skips), and the text: the same program emits the same
  *   bytes twice. */
-#include "../compiler/cuda.h"
+#include "../compiler/gpu.h"
 #include "../compiler/passes.h"
 #include "../runtime/rt.h"
 
@@ -90,6 +90,13 @@ static void make_tensors(TensorFile *tf, Type pt, Type gt) {
   }
 }
 
+/* 64-byte aligned memory (the size rounded up, as aligned_alloc wants). */
+static void *alloc64(size_t n) {
+  void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+  ASSERT(p);
+  return p;
+}
+
 static bool same_bytes(const Graph *g, int64_t n, void *const *a, void *const *b, const char *what) {
   for (int k = 0; k < g->nbufs; k++) {
     size_t bytes = (size_t)n * (size_t)type_size(g->bufs[k].type);
@@ -134,11 +141,11 @@ static Graph *build_optir(const char *name, const char *text, Arena *a) {
 /* Every op, type and scope the emitter renders; no NaN is made on the way
  * (NaN bits are the hardware's own, and differ between CPUs and GPUs). */
 static const char sink_optir[] =
-    "param @param : f32\n"
+    "param @param : bf16\n"
     "grad @grad : bf16\n"
     "state @m : f16 = 0.0\n"
     "state @acc : f64 = 0.0\n"
-    "state @w : bf16 = param\n"
+    "state @w : f32 = param\n"
     "%seed = input 11 : i64\n"
     "%step = input in [1.0, inf) : f64\n"
     "%stepi = cvt %step : i64\n"
@@ -161,7 +168,8 @@ static const char sink_optir[] =
     "%tmaxf = cvt %tmax : f32\n"
     "%amaxf = cvt %amax : f32\n"
     "%gsumf = cvt %gsum : f32\n"
-    "%p = load @param : f32\n"
+    "%pb = load @param : bf16\n"
+    "%p = cvt %pb : f32\n"
     "%q = div %gf, %tden : f32\n"
     "%ab = abs %q : f32\n"
     "%sg = sign %q : f32\n"
@@ -202,20 +210,22 @@ static const char sink_optir[] =
     "%mb = cvt %m2 : bf16\n"
     "%mbf = cvt %mb : f32\n"
     "store @m, %m1\n"
-    "%w0 = load @w : bf16\n"
+    "%w0 = load @w : f32\n"
+    "%w0b = cvt %w0 : bf16\n"
     "%wq = cvt %q : bf16\n"
-    "%w1 = sub %w0, %wq : bf16\n"
+    "%w1 = sub %w0b, %wq : bf16\n"
     "%w1f = cvt %w1 : f32\n"
     "%w2 = add %w1f, %mbf : f32\n"
     "%wsr = cvt_sr %w2, %seed, %stepi : bf16\n"
-    "store @w, %wsr\n"
+    "%wsrf = cvt %wsr : f32\n"
+    "store @w, %wsrf\n"
     "%pd = cvt %acc1 : bf16\n"
     "%pdf = cvt %pd : f32\n"
     "%pn = add %p, %pdf : f32\n"
     "%pn2 = div %pn, %tden : f32\n"
     "%hsr = cvt_sr %pn2, %seed, %stepi : f16\n"
-    "%hf = cvt %hsr : f32\n"
-    "store @param, %hf\n";
+    "%hb = cvt %hsr : bf16\n"
+    "store @param, %hb\n";
 
 /* pow, exp and log per element, in f32 and f64: exact against the
  * interpreter only where both use one libm (here; not on a GPU). */
@@ -381,6 +391,51 @@ static void run_case(const Case *c, Type pt, Type gt) {
 
 /* ---- the special cases ------------------------------------------------------------------------ */
 
+/* Each chunk alone: a step over a one-chunk layout reports that chunk's
+ * partials as its step-scope reductions (0 + p is p), which the fold of a
+ * whole group would round away. */
+static void test_chunk_partials(const Case *c, Type pt, Type gt) {
+  const Graph *g = c->g;
+  TensorFile tf = {0};
+  rng = 7;
+  make_tensors(&tf, pt, gt);
+  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
+  Binding sets[] = {{"num_tokens", 7}};
+  Binding first = {"step", 1};
+  ASSERT(inputs_resolve(g, sets, graph_find_input(g, "num_tokens") != NOREF, &first, 1, vals) == 0);
+  ParamGroup ref, run;
+  int finite;
+  ASSERT(group_from_file(&ref, g, &tf, vals, &finite) == 0 && group_from_file(&run, g, &tf, vals, &finite) == 0);
+  CudaProgram prog = emu_program(c);
+  CudaPtr dev[8];
+  for (int b = 0; b < g->nbufs; b++)
+    dev[b] = (CudaPtr)(uintptr_t)run.bufs[b];
+  int64_t same = 0, n = ref.layout.nchunks;
+  for (int64_t k = 0; k < n; k++) {
+    GroupLayout one = ref.layout;
+    one.chunks = &ref.layout.chunks[k];
+    one.nchunks = 1;
+    StepArgs args = {vals, finite};
+    StepResult r0, r1;
+    char err[512];
+    interp_step(g, &one, ref.bufs, &args, &r0);
+    CudaExec *x = cuda_exec_create(&prog, g, &one, err, sizeof err);
+    bool ok = x && cuda_exec_bind(x, dev) == 0 && cuda_step(x, &args, &r1) == 0 && r0.nred == r1.nred &&
+              !memcmp(r0.red, r1.red, sizeof(double) * (size_t)r0.nred);
+    if (!ok && same == k)
+      printf("  chunk %lld (tensor %d, %lld elements): %.17g against the interpreter's %.17g\n", (long long)k,
+             one.chunks->tensor, (long long)one.chunks->len, r1.red[0], r0.red[0]);
+    same += ok;
+    cuda_exec_free(x);
+  }
+  CHECK(same == n, "%s: %lld of %lld chunk partials equal the interpreter's", c->name, (long long)same, (long long)n);
+  printf("%-44s %s\n", c->name, same == n ? "every chunk's partials identical" : "DIFFERENT");
+  group_free(&ref);
+  group_free(&run);
+  free(vals);
+  tf_free(&tf);
+}
+
 /* Buffers moved off 16-byte alignment: every access goes one by one. */
 static void test_unaligned(const Case *c) {
   const Graph *g = c->g;
@@ -396,7 +451,7 @@ static void test_unaligned(const Case *c) {
   CudaPtr dev[8];
   for (int b = 0; b < g->nbufs; b++) {
     size_t es = (size_t)type_size(g->bufs[b].type), bytes = (size_t)ref.layout.total * es;
-    mem[b] = aligned_alloc(64, bytes + 64);
+    mem[b] = alloc64(bytes + 64);
     bufs[b] = (char *)mem[b] + es; /* one element off */
     memcpy(bufs[b], ref.bufs[b], bytes);
     dev[b] = (CudaPtr)(uintptr_t)bufs[b]; /* emulated device memory is host memory */
@@ -435,7 +490,7 @@ static void test_index64(const Case *c) {
   for (int b = 0; b < g->nbufs; b++) {
     int es = type_size(g->bufs[b].type);
     for (int copy = 0; copy < 2; copy++) {
-      mem[copy][b] = aligned_alloc(64, (size_t)(N + 64) * (size_t)es);
+      mem[copy][b] = alloc64((size_t)(N + 64) * (size_t)es);
       bufs[copy][b] = (char *)mem[copy][b] - FLAT * es;
     }
     for (int i = 0; i < N + 16; i++) {
@@ -579,7 +634,7 @@ int main(int argc, char **argv) {
   int nmatrix = n;
   Arena *a = arena_new();
   int sink = n;
-  case_init(&cases[n], "every op (f16, bf16, f64, tensor scope)", build_optir("sink.optir", sink_optir, a), a, n);
+  case_init(&cases[n], "every op (f16, bf16, f32, f64, tensor scope)", build_optir("sink.optir", sink_optir, a), a, n);
   n++;
   a = arena_new();
   int transc = n;
@@ -618,7 +673,7 @@ int main(int argc, char **argv) {
       if (cases[i].g)
         run_case(&cases[i], (Type)cases[i].g->bufs[0].type, (Type)cases[i].g->bufs[1].type);
     if (cases[sink].g)
-      run_case(&cases[sink], TY_F32, TY_BF16);
+      run_case(&cases[sink], TY_BF16, TY_BF16);
     if (cases[transc].g)
       run_case(&cases[transc], TY_F32, TY_F32);
     /* adamw bf16 clip sr: the 64-bit, unaligned and non-finite cases */
@@ -626,6 +681,11 @@ int main(int argc, char **argv) {
     while (adamw_bf16 < nmatrix && strcmp(cases[adamw_bf16].name, "adamw bf16 clip sr"))
       adamw_bf16++;
     ASSERT(adamw_bf16 < nmatrix);
+    for (int i = 0; i < nmatrix; i++)
+      if (strstr(cases[i].name, "adamw") == cases[i].name && strstr(cases[i].name, " clip") && cases[i].g)
+        test_chunk_partials(&cases[i], (Type)cases[i].g->bufs[0].type, (Type)cases[i].g->bufs[1].type);
+    if (cases[sink].g)
+      test_chunk_partials(&cases[sink], TY_BF16, TY_BF16);
     test_unaligned(&cases[adamw_bf16]);
     test_nonfinite(&cases[adamw_bf16]);
     int adamw_mixed = 0;

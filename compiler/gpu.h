@@ -119,6 +119,8 @@ void cuda_exec_profile(CudaExec *x, bool on);
 double cuda_exec_kernel_ms(const CudaExec *x);
 void cuda_exec_free(CudaExec *x);
 
+/* Device 0's free and total memory, in bytes. */
+bool cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* Device memory for tests and benchmarks. 0 (error printed) on failure. */
 CudaPtr cuda_malloc(size_t bytes);
 void cuda_free(CudaPtr p);

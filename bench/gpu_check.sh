@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# gpu_check.sh: optc's GPU backend on a real GPU, in one run of under 8
+# minutes on an H200 (any CUDA GPU with the CUDA toolkit and PyTorch).
+#
+#   bench/gpu_check.sh            build, the gpu test suite, then the benchmark:
+#                                 2^30 parameters (4 GiB of fp32 params), fp32 and bf16
+#   bench/gpu_check.sh --quick    the same on 2^26 parameters, fp32 only (about 2 minutes)
+#
+# Steps:
+#   1. build optc (meson/ninja, or ./setup.sh when meson is missing);
+#   2. the gpu suite: meson test --suite gpu when the build has it, else
+#      tests/test_gpu.c built here against build/liboptc_core.a;
+#   3. bench/gpu_bench.c: optc's compiled step (scale_grads + clip_grad_norm
+#      + AdamW), fp32 and bf16, with the device-to-device copy ceiling;
+#   4. bench/gpu_torch.py: torch.optim.AdamW foreach=True, fused=True, and
+#      the foreach step under torch.compile, each with scale_grads and
+#      clip_grad_norm_, on the same values;
+#   5. the table (ms, GB/s, % of the copy ceiling, optc's speed-up).
+# Everything lands in build/gpu_check/ (results.jsonl, logs).
+#
+# Environment: CUDA_HOME (default /usr/local/cuda), PYTHON (default
+# python3), GPU_CHECK_TORCH_TIMEOUT (seconds for step 4, default 300).
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+QUICK=0
+for a in "$@"; do
+  case "$a" in
+    --quick) QUICK=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu_check.sh: unknown option '$a' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=$ROOT/build/gpu_check
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+PYTHON=${PYTHON:-python3}
+START=$(date +%s)
+say() { printf '\n== %s (%ds)\n' "$*" $(( $(date +%s) - START )); }
+die() { echo "gpu_check.sh: error: $*" >&2; exit 1; }
+
+# ---- 0. what is here ---------------------------------------------------------------------
+say "device"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader \
+    || die "nvidia-smi sees no GPU"
+else
+  echo "(no nvidia-smi; relying on the driver library)"
+fi
+[ -f "$CUDA_HOME/include/nvrtc.h" ] || die "no NVRTC: $CUDA_HOME/include/nvrtc.h is missing (set CUDA_HOME to the toolkit)"
+"$PYTHON" - <<'EOF' || die "PyTorch with a CUDA device is needed for the torch comparison"
+import torch
+assert torch.cuda.is_available(), "torch.cuda.is_available() is False"
+print("torch %s (CUDA %s) on %s" % (torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0)))
+EOF
+
+# ---- 1. build ------------------------------------------------------------------------------
+say "build"
+if [ ! -f build/build.ninja ]; then
+  if command -v meson >/dev/null && command -v ninja >/dev/null; then
+    meson setup build --native-file native.ini -Dcuda=enabled -Dtoolkit_dir="$CUDA_HOME"
+  else
+    ./setup.sh
+  fi
+fi
+ninja -C build
+mkdir -p "$OUT"
+grep -q "cuda (NVRTC)  *: YES" build/meson-logs/meson-log.txt 2>/dev/null \
+  || echo "note: this build does not list NVRTC; the GPU pieces are built here against $CUDA_HOME"
+
+# The GPU pieces: from the meson build when it has them, else built here.
+LIBS=(-lyaml -ljansson -lopenblas -lm -lpthread -ldl "-L$CUDA_HOME/lib64" -lnvrtc "-Wl,-rpath,$CUDA_HOME/lib64")
+if grep -q emit_llvm build/compile_commands.json 2>/dev/null; then
+  LLVM_CONFIG=$(command -v llvm-config-19 || command -v llvm-config || true)
+  [ -n "$LLVM_CONFIG" ] || die "the build uses LLVM but llvm-config-19 is not on PATH"
+  read -ra LLVM_LIBS <<< "$("$LLVM_CONFIG" --ldflags --libs | tr '\n' ' ')"
+  LIBS+=("${LLVM_LIBS[@]}")
+fi
+VERSION=$(sed -n "s/^ *version: '\([^']*\)'.*/\1/p" meson.build | head -1)
+CFLAGS=(-std=c11 -O2 -g -D_GNU_SOURCE "-DOPTC_VERSION=\"$VERSION\"" -ffp-contract=off -Icompiler -Iruntime -Iruntime/model)
+EXTRA=()
+SYMS=$(nm build/liboptc_core.a 2>/dev/null || true)
+if grep -q ' T cuda_compile$' <<< "$SYMS" && ! grep -q ' U nvrtcCompileProgram$' <<< "$SYMS"; then
+  die "build/ has the GPU backend without NVRTC: meson configure build -Dcuda=enabled -Dtoolkit_dir=$CUDA_HOME"
+fi
+if ! grep -q ' T cuda_compile$' <<< "$SYMS"; then
+  echo "building emit_cuda.c, nvrtc.c, exec_cuda.c here (liboptc_core.a does not have them yet)"
+  "$PYTHON" -c 'import sys, json; t = open(sys.argv[1]).read(); open(sys.argv[2], "w").write(
+"/* generated from compiler/numerics.h */\nconst char optc_numerics_h[] = " + json.dumps(t) + ";\n")' \
+    compiler/numerics.h "$OUT/numerics_h.c"
+  cc "${CFLAGS[@]}" -c "$OUT/numerics_h.c" -o "$OUT/numerics_h.o"
+  cc "${CFLAGS[@]}" -c compiler/emit_cuda.c -o "$OUT/emit_cuda.o"
+  cc "${CFLAGS[@]}" -DOPTC_HAVE_NVRTC -isystem "$CUDA_HOME/include" -c compiler/nvrtc.c -o "$OUT/nvrtc.o"
+  cc "${CFLAGS[@]}" -c runtime/exec_cuda.c -o "$OUT/exec_cuda.o"
+  EXTRA=("$OUT/numerics_h.o" "$OUT/emit_cuda.o" "$OUT/nvrtc.o" "$OUT/exec_cuda.o")
+fi
+GPU_BENCH=build/gpu_bench
+[ -x "$GPU_BENCH" ] || GPU_BENCH=build/bench/gpu_bench
+if [ ! -x "$GPU_BENCH" ]; then
+  GPU_BENCH=$OUT/gpu_bench
+  cc "${CFLAGS[@]}" bench/gpu_bench.c ${EXTRA[@]+"${EXTRA[@]}"} build/liboptc_core.a "${LIBS[@]}" -o "$GPU_BENCH"
+fi
+
+# ---- 2. the gpu suite ------------------------------------------------------------------------
+say "gpu test suite"
+if meson test -C build --list 2>/dev/null | grep -q ' gpu$\|:gpu / '; then
+  timeout 300 meson test -C build --suite gpu --print-errorlogs || die "the gpu suite failed (build/meson-logs/testlog.txt)"
+else
+  cc "${CFLAGS[@]}" tests/test_gpu.c ${EXTRA[@]+"${EXTRA[@]}"} build/liboptc_core.a "${LIBS[@]}" -o "$OUT/test_gpu"
+  rc=0
+  timeout 300 "$OUT/test_gpu" | tee "$OUT/test_gpu.log" || rc=$?
+  [ "$rc" = 77 ] && die "test_gpu skipped: it sees no GPU (see $OUT/test_gpu.log)"
+  [ "$rc" = 0 ] || die "test_gpu failed with $rc (see $OUT/test_gpu.log)"
+fi
+
+# ---- 3-5. the benchmark -------------------------------------------------------------------------
+P=$((1 << 30)); REPS=10; LAYOUTS=fp32,bf16
+if [ "$QUICK" = 1 ]; then P=$((1 << 26)); REPS=5; LAYOUTS=fp32; fi
+RESULTS=$OUT/results.jsonl
+rm -f "$RESULTS"
+say "optc: $P parameters, layouts $LAYOUTS"
+for layout in ${LAYOUTS//,/ }; do
+  "$GPU_BENCH" --layout "$layout" --params "$P" --reps "$REPS" --json "$RESULTS"
+done
+say "torch: foreach, fused, torch.compile"
+rc=0
+timeout "${GPU_CHECK_TORCH_TIMEOUT:-300}" "$PYTHON" bench/gpu_torch.py bench --params "$P" --layouts "$LAYOUTS" \
+  --reps "$REPS" --json "$RESULTS" > "$OUT/torch.log" 2>&1 || rc=$?
+[ "$rc" = 0 ] || echo "note: the torch run stopped early ($rc; see $OUT/torch.log); the table has what it finished"
+say "results"
+"$PYTHON" bench/gpu_torch.py report "$RESULTS" | tee "$OUT/table.txt"
+echo
+echo "gpu_check.sh: done in $(( $(date +%s) - START )) s; results in $OUT"

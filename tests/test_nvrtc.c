@@ -1,0 +1,239 @@
+/* test_nvrtc: the GPU backend's CUDA C compiles with NVRTC, with no GPU.
+ *
+ * - Every built-in optimizer (with its graph-changing options) x the three
+ *   dtype layouts x clipping on and off, for sm_80 and sm_90 (and with
+ *   stochastic rounding for sm_90): a non-empty cubin, and ptxas -v
+ *   reports every kernel with zero bytes of spill stores and loads.
+ * - compute_90 gives PTX and no cubin (NVRTC's empty cubin is noticed); an
+ *   arch newer than NVRTC knows falls back to PTX for the newest it knows;
+ *   an unknown arch is an error; no arch and no device gives sm_90.
+ * - The disk cache: a second compile is a hit, with the same cubin; a
+ *   truncated entry is a miss and is rebuilt.
+ * - The Scout recipe's kernels, with their registers, are printed. */
+#include "../compiler/gpu.h"
+#include "../compiler/passes.h"
+#include "../runtime/rt.h"
+
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int failures, checks;
+
+#define CHECK(c, ...) \
+  do { \
+    checks++; \
+    if (!(c)) { \
+      failures++; \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__); \
+      printf("\n"); \
+    } \
+  } while (0)
+
+static Graph *build_yaml(const char *yaml, Arena *a) {
+  char path[] = "/tmp/optc_nvrtcXXXXXX.yaml";
+  int fd = mkstemps(path, 5);
+  ASSERT(fd >= 0);
+  ASSERT(write(fd, yaml, strlen(yaml)) == (ssize_t)strlen(yaml));
+  close(fd);
+  Recipe *r = recipe_load(path, NULL, 0, a);
+  unlink(path);
+  Graph *g = r ? frontend_build(r) : NULL;
+  return g && pipeline_run(g, &(PipelineOptions){0}) ? g : NULL;
+}
+
+static const struct { const char *name, *yaml; } opts[] = {
+    {"adamw", "optimizer:\n  _component_: torch.optim.AdamW\n"},
+    {"adamw_amsgrad_maximize", "optimizer:\n  _component_: torch.optim.AdamW\n  amsgrad: true\n  maximize: true\n"},
+    {"adam_wd", "optimizer:\n  _component_: torch.optim.Adam\n  weight_decay: 0.1\n"},
+    {"sgd", "optimizer:\n  _component_: torch.optim.SGD\n  lr: 0.1\n"},
+    {"sgd_nesterov", "optimizer:\n  _component_: torch.optim.SGD\n  lr: 0.1\n  momentum: 0.9\n  nesterov: true\n"},
+    {"sgd_dampening_wd",
+     "optimizer:\n  _component_: torch.optim.SGD\n  lr: 0.1\n  momentum: 0.8\n  dampening: 0.3\n  weight_decay: 0.01\n"},
+    {"lion", "optimizer:\n  _component_: optc.Lion\n  weight_decay: 0.1\n"},
+    {"adagrad", "optimizer:\n  _component_: torch.optim.Adagrad\n  lr_decay: 0.01\n  initial_accumulator_value: 0.1\n"},
+    {"rmsprop", "optimizer:\n  _component_: torch.optim.RMSprop\n"},
+    {"rmsprop_centered_momentum",
+     "optimizer:\n  _component_: torch.optim.RMSprop\n  centered: true\n  momentum: 0.9\n  weight_decay: 0.01\n"},
+};
+static const struct { const char *name, *yaml; bool low; } layouts[] = {
+    {"fp32", "dtype: fp32\n", false},
+    {"bf16", "dtype: bf16\n", true},
+    {"bf16/fp32-states", "dtype: bf16\noptimizer_state_dtype: fp32\n", true},
+};
+
+static double total_ms;
+static int ncompiled;
+
+/* Compiles g for arch: a cubin, every kernel without spills. */
+static void check_compile(const char *name, const Graph *g, const char *arch) {
+  CudaTarget t = {.arch = arch, .no_cache = true};
+  double t0 = now_seconds();
+  CudaProgram *p = cuda_compile(g, &t, NULL);
+  double ms = (now_seconds() - t0) * 1e3;
+  total_ms += ms;
+  ncompiled++;
+  CHECK(p, "%s %s: compiles", name, arch);
+  if (!p)
+    return;
+  CHECK(p->cubin && p->cubin_len > 4 && !memcmp(p->cubin, "\177ELF", 4), "%s %s: a cubin (ELF)", name, arch);
+  CHECK(!strcmp(p->arch, arch), "%s: compiled for %s, not %s", name, p->arch, arch);
+  int regs = 0;
+  bool clean = true;
+  for (int k = 0; k < p->nkernels; k++) {
+    const CudaKernel *c = &p->kernels[k];
+    CHECK(c->regs > 0 && c->spill_stores == 0 && c->spill_loads == 0 && c->stack == 0,
+          "%s %s %s: %d registers, %d bytes spill stores, %d spill loads, %d stack", name, arch, c->name, c->regs,
+          c->spill_stores, c->spill_loads, c->stack);
+    clean &= c->spill_stores == 0 && c->spill_loads == 0;
+    regs = MAX(regs, c->regs);
+  }
+  printf("%-44s %-6s %6.0f ms  %3d registers at most, %s\n", name, arch, ms, regs, clean ? "no spills" : "SPILLS");
+  cuda_program_free(p);
+}
+
+static void test_matrix(void) {
+  for (size_t o = 0; o < ARRAY_LEN(opts); o++)
+    for (size_t l = 0; l < ARRAY_LEN(layouts); l++)
+      for (int clip = 0; clip < 2; clip++)
+        for (int sr = 0; sr < (layouts[l].low ? 2 : 1); sr++) {
+          char name[128], yaml[1024];
+          snprintf(name, sizeof name, "%s %s%s%s", opts[o].name, layouts[l].name, clip ? " clip" : "", sr ? " sr" : "");
+          snprintf(yaml, sizeof yaml, "%s%s%s%s", opts[o].yaml, layouts[l].yaml, clip ? "clip_grad_norm: 0.5\n" : "",
+                   sr ? "stochastic_rounding: true\nseed: 42\n" : "");
+          Arena *a = arena_new();
+          Graph *g = build_yaml(yaml, a);
+          CHECK(g, "%s: the recipe builds", name);
+          if (g) {
+            if (!sr)
+              check_compile(name, g, "sm_80");
+            check_compile(name, g, "sm_90");
+          }
+          arena_free(a);
+        }
+}
+
+static void test_arches(void) {
+  Arena *a = arena_new();
+  Graph *g = build_yaml("optimizer:\n  _component_: torch.optim.AdamW\ndtype: bf16\nclip_grad_norm: 1.0\n", a);
+  ASSERT(g);
+  /* PTX only: NVRTC's empty cubin for a virtual arch */
+  CudaProgram *p = cuda_compile(g, &(CudaTarget){.arch = "compute_90", .no_cache = true}, NULL);
+  CHECK(p && !p->cubin && p->cubin_len == 0 && p->ptx && strstr(p->ptx, ".target sm_90"),
+        "compute_90: PTX for sm_90 and no cubin");
+  CHECK(p && p->kernels[0].regs == -1, "compute_90: no ptxas report");
+  cuda_program_free(p);
+  /* newer than NVRTC knows: PTX for the newest it does */
+  p = cuda_compile(g, &(CudaTarget){.arch = "sm_990", .no_cache = true}, NULL);
+  CHECK(p && !p->cubin && !strncmp(p->arch, "compute_", 8) && p->ptx, "sm_990: falls back to PTX (%s)",
+        p ? p->arch : "failed");
+  if (p)
+    printf("sm_990 -> %s, PTX only\n", p->arch);
+  cuda_program_free(p);
+  /* nonsense */
+  p = cuda_compile(g, &(CudaTarget){.arch = "gfx90a", .no_cache = true}, NULL);
+  CHECK(!p, "gfx90a: an error");
+  cuda_program_free(p);
+  /* no arch: the device's, else sm_90 */
+  char why[256], arch[32] = "sm_90";
+  bool dev = cuda_device_arch(arch, sizeof arch, why, sizeof why);
+  p = cuda_compile(g, &(CudaTarget){.no_cache = true}, NULL);
+  CHECK(p && !strcmp(p->arch, arch), "no arch: %s (%s)", arch, dev ? "the device's" : why);
+  cuda_program_free(p);
+  /* the emit entry points */
+  Buf ptx = {0}, cubin = {0}, src = {0};
+  CudaTarget t = {.arch = "sm_90", .no_cache = true};
+  CHECK(cuda_emit_source(g, &t, &src) == 0 && strstr(src.data, "optc_phase1("), "--emit=cuda");
+  CHECK(cuda_emit_ptx(g, &t, &ptx) == 0 && ptx.len && strstr(ptx.data, ".entry optc_phase0"), "--emit=ptx");
+  CHECK(cuda_emit_cubin(g, &t, &cubin) == 0 && cubin.len > 4 && !memcmp(cubin.data, "\177ELF", 4), "--emit=cubin");
+  CHECK(cuda_emit_cubin(g, &(CudaTarget){.arch = "compute_90", .no_cache = true}, &cubin) != 0,
+        "--emit=cubin for compute_90: an error, not an empty file");
+  buf_free(&ptx);
+  buf_free(&cubin);
+  buf_free(&src);
+  arena_free(a);
+}
+
+static void test_cache(void) {
+  char dir[] = "/tmp/optc_nvrtc_cacheXXXXXX";
+  ASSERT(mkdtemp(dir));
+  setenv("XDG_CACHE_HOME", dir, 1);
+  setenv("OPTC_CACHE", "1", 1);
+  Arena *a = arena_new();
+  Graph *g = build_yaml("optimizer:\n  _component_: torch.optim.AdamW\ndtype: fp32\nclip_grad_norm: 1.0\n", a);
+  ASSERT(g);
+  CudaTarget t = {.arch = "sm_90"};
+  int before = cuda_compile_count();
+  CompileTimes t1 = {0}, t2 = {0}, t3 = {0};
+  CudaProgram *p1 = cuda_compile(g, &t, &t1);
+  CHECK(p1 && !t1.cache_hit && cuda_compile_count() == before + 1, "first compile runs NVRTC");
+  CudaProgram *p2 = cuda_compile(g, &t, &t2);
+  CHECK(p2 && t2.cache_hit && cuda_compile_count() == before + 1, "second compile is a cache hit");
+  CHECK(p1 && p2 && p1->cubin_len == p2->cubin_len && !memcmp(p1->cubin, p2->cubin, p1->cubin_len) &&
+            p2->ptx && !strcmp(p1->ptx, p2->ptx) && p2->kernels[1].regs == p1->kernels[1].regs,
+        "the hit holds the same cubin, PTX and ptxas report");
+  printf("cache: NVRTC %.1f ms, hit %.2f ms\n", t1.build + t1.codegen, t2.build + t2.codegen);
+  char cmd[256], path[1024] = "";
+  snprintf(cmd, sizeof cmd, "ls %s/optc/cuda-*", dir);
+  FILE *ls = popen(cmd, "r");
+  if (ls && fgets(path, sizeof path, ls))
+    path[strcspn(path, "\n")] = 0;
+  if (ls)
+    pclose(ls);
+  CHECK(*path, "the cache entry exists");
+  if (*path) {
+    struct stat st;
+    CHECK(stat(path, &st) == 0 && truncate(path, st.st_size / 2) == 0, "truncate the entry");
+    CudaProgram *p3 = cuda_compile(g, &t, &t3);
+    CHECK(p3 && !t3.cache_hit && cuda_compile_count() == before + 2 && p3->cubin_len == p1->cubin_len,
+          "a truncated entry is rebuilt");
+    cuda_program_free(p3);
+  }
+  cuda_program_free(p1);
+  cuda_program_free(p2);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0, "cleanup");
+  arena_free(a);
+}
+
+/* The real recipe's kernels, for the record. */
+static void report_scout(const char *root) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/recipes/configs/llama4/scout_17B_16E_full.yaml", root);
+  Arena *a = arena_new();
+  Recipe *r = recipe_load(path, NULL, 0, a);
+  Graph *g = r ? frontend_build(r) : NULL;
+  CHECK(g && pipeline_run(g, &(PipelineOptions){0}), "%s builds", path);
+  if (g && g->plan) {
+    CompileTimes times = {0};
+    CudaProgram *p = cuda_compile(g, &(CudaTarget){.arch = "sm_90", .no_cache = true}, &times);
+    CHECK(p, "the Scout recipe compiles");
+    if (p) {
+      Buf b = {0};
+      cuda_program_report(p, &b);
+      printf("Scout (%s): emit %.2f ms, NVRTC %.1f ms\n%s", path, times.build, times.codegen, b.data);
+      buf_free(&b);
+      cuda_program_free(p);
+    }
+  }
+  arena_free(a);
+}
+
+int main(int argc, char **argv) {
+  char why[256];
+  if (!cuda_nvrtc_available(why, sizeof why)) {
+    printf("SKIP: %s\n", why);
+    return 77;
+  }
+  printf("%s\n", why);
+  setenv("OPTC_CACHE", "0", 1);
+  test_arches();
+  test_cache();
+  setenv("OPTC_CACHE", "0", 1);
+  report_scout(argc > 1 ? argv[1] : ".");
+  test_matrix();
+  printf("%d compiles, %.0f ms each on average\n", ncompiled, total_ms / MAX(ncompiled, 1));
+  printf("test_nvrtc: %d checks, %d failed\n", checks, failures);
+  return failures != 0;
+}
