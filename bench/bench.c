@@ -7,7 +7,9 @@
  *   foreach          the same, each op over every tensor (torch's foreach)
  *   fused-reference  a hand-written fused AdamW loop, -O3 -march=native
  *                    (torch's fused=True); AdamW only
- *   compiled         optc's CPU backend
+ *   compiled         optc's CPU backend; and its GPU backend when a GPU is
+ *                    visible (a row of its own, against the device's copy
+ *                    bandwidth: the CPU's ceiling says nothing about it)
  *
  * Bandwidth is counted with the traffic model's bytes (the compiled plan's
  * bytes per element, the least the step can move), so the strategies are
@@ -41,7 +43,8 @@ static const char usage[] =
     "  eager            the step graph op by op, tensor by tensor (torch's for-loop)\n"
     "  foreach          op by op over every tensor at once (torch's foreach)\n"
     "  fused-reference  a hand-written fused AdamW loop, -O3 -march=native (AdamW only)\n"
-    "  compiled         optc's compiled step (LLVM, multithreaded)\n"
+    "  compiled         optc's compiled step (LLVM, multithreaded); and on the GPU\n"
+    "                   (NVRTC) when one is visible, against its device-to-device copy\n"
     "\n"
     "options:\n"
     "  --config FILE        a recipe: its optimizer, dtypes, clipping and model's tensor mix\n"
@@ -276,6 +279,66 @@ static int64_t parse_count(const char *s) {
 }
 
 static int write_text(FILE *f, void *ctx) { return fputs(ctx, f) < 0 ? -1 : 0; }
+
+/* ---- the GPU row ------------------------------------------------------------------------------ */
+
+typedef struct {
+  Result res;
+  double copy_gbps; /* device-to-device copy, counted as read + write */
+  double compile_ms;
+  char device[256];
+} GpuResult;
+
+/* The compiled step on GPU 0, on the same values (uploaded once: the
+ * params stay on the device, as they do in a GPU finetune), with the
+ * device's copy bandwidth as its ceiling. False when no GPU is visible, or
+ * (the reason in out->res.note) when it fails. */
+static bool bench_gpu(const Graph *g, ParamGroup *pg, double *vals, int reps, GpuResult *out) {
+  char why[256];
+  if (!cuda_nvrtc_available(why, sizeof why) || !cuda_device_available(why, sizeof why))
+    return false; /* no GPU visible: no row */
+  cuda_device_describe(out->device, sizeof out->device);
+  CompileTimes t = {0};
+  CudaProgram *prog = cuda_compile(g, &(CudaTarget){.no_cache = true}, &t);
+  char err[512] = "compile failed";
+  CudaExec *x = prog ? cuda_exec_create(prog, g, &pg->layout, err, sizeof err) : NULL;
+  if (!x || cuda_exec_upload(x, pg->bufs) != 0) {
+    snprintf(out->res.note, sizeof out->res.note, "n/a: %.80s", err);
+    cuda_exec_free(x);
+    cuda_program_free(prog);
+    return false;
+  }
+  out->compile_ms = t.build + t.codegen;
+  Ref sref = graph_find_input(g, "step");
+  double *times = calloc((size_t)reps, sizeof(double));
+  bool ok = true;
+  for (int rep = -2; ok && rep < reps; rep++) {
+    if (sref != NOREF)
+      vals[sref] = rep + 3;
+    StepResult sr;
+    double t0 = now_seconds();
+    ok = cuda_step(x, &(StepArgs){vals, 1}, &sr) == 0;
+    if (rep >= 0)
+      times[rep] = (now_seconds() - t0) * 1e3;
+  }
+  if (ok) {
+    qsort(times, (size_t)reps, sizeof(double), cmp_double);
+    out->res = (Result){true, reps % 2 ? times[reps / 2] : (times[reps / 2 - 1] + times[reps / 2]) / 2, times[0],
+                        times[reps - 1], g->plan->bytes_per_element, ""};
+    size_t bytes = (size_t)pg->layout.total * 4;
+    CudaPtr a = cuda_malloc(bytes), b = cuda_malloc(bytes);
+    double ms = a && b ? cuda_copy_ms(b, a, bytes, 10) : -1;
+    out->copy_gbps = ms > 0 ? 2.0 * (double)bytes / (ms * 1e6) : 0;
+    cuda_free(a);
+    cuda_free(b);
+  } else {
+    snprintf(out->res.note, sizeof out->res.note, "n/a: the step failed on the GPU");
+  }
+  free(times);
+  cuda_exec_free(x);
+  cuda_program_free(prog);
+  return ok;
+}
 
 /* ---- the command ---------------------------------------------------------------------------------- */
 
@@ -528,6 +591,8 @@ int bench_optimizer(int argc, char **argv) {
     free(times);
   }
   pg.g = g;
+  GpuResult gpu = {0};
+  bool gpu_ran = run[S_COMPILED] && bench_gpu(g, &pg, vals, reps, &gpu);
 
   /* the table */
   double elems = (double)n;
@@ -561,6 +626,30 @@ int bench_optimizer(int argc, char **argv) {
     if (res[S_EAGER].ran)
       json_object_set_new(o, "speedup_vs_eager", json_real(speedup));
     json_array_append_new(results, o);
+  }
+  if (gpu_ran) {
+    double gbps = elems * plan_bytes / (gpu.res.ms_median * 1e-3) / 1e9;
+    double pct = gpu.copy_gbps > 0 ? 100 * gbps / gpu.copy_gbps : 0;
+    double speedup = res[S_EAGER].ran ? res[S_EAGER].ms_median / gpu.res.ms_median : 0;
+    char spread[48];
+    snprintf(spread, sizeof spread, "%.2f-%.2f", gpu.res.ms_min, gpu.res.ms_max);
+    printf("  %-16s %10.3f %14s %9.1f %19s %12.3g %9.2fx\n", "compiled (cuda)", gpu.res.ms_median, spread, gbps, "",
+           elems / (gpu.res.ms_median * 1e-3), speedup);
+    printf("    on %s: %.0f GB/s device copy, %.1f%% of it; NVRTC compile %.0f ms\n", gpu.device, gpu.copy_gbps, pct,
+           gpu.compile_ms);
+    json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:s}", "strategy", "compiled",
+                          "backend", "cuda", "layout", layout ? layout : type_names[r->param_dtype], "clip", clip,
+                          "ms_median", gpu.res.ms_median, "ms_min", gpu.res.ms_min, "ms_max", gpu.res.ms_max, "gbps",
+                          gbps, "pct_of_triad", pct, "params_per_s", elems / (gpu.res.ms_median * 1e-3),
+                          "moved_bytes_per_element", gpu.res.moved_bytes_per_elem, "ceiling_gbps", gpu.copy_gbps,
+                          "device", gpu.device);
+    json_object_set_new(o, "ceiling", json_string("device-to-device copy (pct_of_triad is % of it)"));
+    json_object_set_new(o, "compile_ms", json_real(gpu.compile_ms));
+    if (res[S_EAGER].ran)
+      json_object_set_new(o, "speedup_vs_eager", json_real(speedup));
+    json_array_append_new(results, o);
+  } else if (gpu.res.note[0]) {
+    printf("  %-16s %s\n", "compiled (cuda)", gpu.res.note);
   }
   if (prog)
     printf("\n  compile: %.1f ms cold (LLVM build %.1f, O3 %.1f, codegen %.1f, link %.1f); %.2f ms from the disk cache\n",

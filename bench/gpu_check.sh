@@ -12,7 +12,9 @@
 #      tests/test_gpu.c built here against build/liboptc_core.a;
 #   3. bench/gpu_bench.c: optc's compiled step (scale_grads + clip_grad_norm
 #      + AdamW), fp32 and bf16, with the device-to-device copy ceiling;
-#   4. bench/gpu_torch.py: torch.optim.AdamW foreach=True, fused=True, and
+#   4. optc bench optimizer (64M parameters): the compiled step on the CPU
+#      and, in a row of its own, on the GPU;
+#      bench/gpu_torch.py (when PyTorch with CUDA is there): torch.optim.AdamW foreach=True, fused=True, and
 #      the foreach step under torch.compile, each with scale_grads and
 #      clip_grad_norm_, on the same values;
 #   5. the table (ms, GB/s, % of the copy ceiling, optc's speed-up).
@@ -50,7 +52,8 @@ else
   echo "(no nvidia-smi; relying on the driver library)"
 fi
 [ -f "$CUDA_HOME/include/nvrtc.h" ] || die "no NVRTC: $CUDA_HOME/include/nvrtc.h is missing (set CUDA_HOME to the toolkit)"
-"$PYTHON" - <<'EOF' || die "PyTorch with a CUDA device is needed for the torch comparison"
+TORCH=1
+"$PYTHON" - <<'EOF' || { TORCH=0; echo "note: no PyTorch with a CUDA device: the torch comparison (step 4) is skipped"; }
 import torch
 assert torch.cuda.is_available(), "torch.cuda.is_available() is False"
 print("torch %s (CUDA %s) on %s" % (torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0)))
@@ -124,11 +127,16 @@ say "optc: $P parameters, layouts $LAYOUTS"
 for layout in ${LAYOUTS//,/ }; do
   "$GPU_BENCH" --layout "$layout" --params "$P" --reps "$REPS" --json "$RESULTS"
 done
-say "torch: foreach, fused, torch.compile"
-rc=0
-timeout "${GPU_CHECK_TORCH_TIMEOUT:-300}" "$PYTHON" bench/gpu_torch.py bench --params "$P" --layouts "$LAYOUTS" \
-  --reps "$REPS" --json "$RESULTS" > "$OUT/torch.log" 2>&1 || rc=$?
-[ "$rc" = 0 ] || echo "note: the torch run stopped early ($rc; see $OUT/torch.log); the table has what it finished"
+say "optc bench optimizer: the compiled step on the CPU and on the GPU, one run"
+build/optc bench optimizer --params 64M --reps 5 --strategies fused-reference,compiled \
+  --json "$OUT/bench_optimizer.json" | tee "$OUT/bench_optimizer.txt"
+if [ "$TORCH" = 1 ]; then
+  say "torch: foreach, fused, torch.compile"
+  rc=0
+  timeout "${GPU_CHECK_TORCH_TIMEOUT:-300}" "$PYTHON" bench/gpu_torch.py bench --params "$P" --layouts "$LAYOUTS" \
+    --reps "$REPS" --json "$RESULTS" > "$OUT/torch.log" 2>&1 || rc=$?
+  [ "$rc" = 0 ] || echo "note: the torch run stopped early ($rc; see $OUT/torch.log); the table has what it finished"
+fi
 say "results"
 "$PYTHON" bench/gpu_torch.py report "$RESULTS" | tee "$OUT/table.txt"
 echo
