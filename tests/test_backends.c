@@ -13,88 +13,15 @@
  *   and whose index within its tensor is past 2^32 (which the
  *   stochastic-rounding hash reads), over buffers whose base pointers are
  *   moved back by as much; the kernel and the interpreter must agree. */
-#include "../compiler/passes.h"
-#include "../runtime/rt.h"
+#include "testlib.h"
 
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int failures, checks;
-
-#define CHECK(c, ...) \
-  do { \
-    checks++; \
-    if (!(c)) { \
-      failures++; \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      printf(__VA_ARGS__); \
-      printf("\n"); \
-    } \
-  } while (0)
-
-static uint64_t rng = 0x2545f4914f6cdd1dull;
-static double uniform(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return (double)(rng >> 11) / 9007199254740992.0;
-}
-static float normalf(void) {
-  double u = uniform() + 1e-300, v = uniform();
-  return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
-}
-
-static Graph *build(const char *yaml, Arena *a) {
-  char path[] = "/tmp/optc_backendsXXXXXX.yaml";
-  int fd = mkstemps(path, 5);
-  ASSERT(fd >= 0);
-  ASSERT(write(fd, yaml, strlen(yaml)) == (ssize_t)strlen(yaml));
-  close(fd);
-  Recipe *r = recipe_load(path, NULL, 0, a);
-  unlink(path);
-  return r ? frontend_build(r) : NULL;
-}
-
-static void fill(Tensor *t, float scale) {
-  for (int64_t i = 0; i < t->numel; i++) {
-    float v = normalf() * scale;
-    if (t->dtype == TY_BF16)
-      ((uint16_t *)t->data)[i] = optc_f32_to_bf16(v);
-    else
-      ((float *)t->data)[i] = v;
-  }
-}
-
-/* One group: the odd sizes, one large tensor, forty small ones. */
-static void make_tensors(TensorFile *tf, Type pt, Type gt) {
-  int64_t sizes[6 + 40] = {0, 1, 15, 16, 17, 100003};
-  for (int i = 0; i < 40; i++)
-    sizes[6 + i] = 1 + (i * 7) % 40;
-  for (int i = 0; i < 46; i++) {
-    char name[32];
-    snprintf(name, sizeof name, "t%d", i);
-    fill(tf_add(tf, name, pt, 1, &sizes[i]), 1.0f);
-    snprintf(name, sizeof name, "t%d.grad", i);
-    fill(tf_add(tf, name, gt, 1, &sizes[i]), 0.3f);
-  }
-}
-
 static bool same_buffers(const Graph *g, const ParamGroup *a, const ParamGroup *b, const char *what) {
-  for (int k = 0; k < g->nbufs; k++) {
-    size_t bytes = (size_t)a->layout.total * (size_t)type_size(g->bufs[k].type);
-    if (memcmp(a->bufs[k], b->bufs[k], bytes) != 0) {
-      const char *pa = a->bufs[k], *pb = b->bufs[k];
-      size_t at = 0;
-      while (at < bytes && pa[at] == pb[at])
-        at++;
-      printf("  %s: @%s differs first at byte %zu (element %zu)\n", what, g->bufs[k].name, at,
-             at / (size_t)type_size(g->bufs[k].type));
-      return false;
-    }
-  }
-  return true;
+  return same_bytes(g, a->layout.total, a->bufs, b->bufs, what);
 }
 
 static void matrix_case(const char *name, const char *opt, const char *layout, bool clip, bool sr) {
@@ -102,7 +29,7 @@ static void matrix_case(const char *name, const char *opt, const char *layout, b
   snprintf(yaml, sizeof yaml, "%s%s%s%s", opt, layout, clip ? "clip_grad_norm: 0.5\n" : "",
            sr ? "stochastic_rounding: true\nseed: 42\n" : "");
   Arena *arena = arena_new();
-  Graph *g = build(yaml, arena);
+  Graph *g = build_recipe(yaml, arena);
   CHECK(g, "%s: recipe", name);
   if (!g || !pipeline_run(g, &(PipelineOptions){0})) {
     arena_free(arena);
@@ -195,7 +122,7 @@ static void test_cache(void) {
   setenv("XDG_CACHE_HOME", dir, 1);
   setenv("OPTC_CACHE", "1", 1);
   Arena *arena = arena_new();
-  Graph *g = build("optimizer:\n  _component_: torch.optim.AdamW\ndtype: fp32\nclip_grad_norm: 1.0\n", arena);
+  Graph *g = build_recipe("optimizer:\n  _component_: torch.optim.AdamW\ndtype: fp32\nclip_grad_norm: 1.0\n", arena);
   ASSERT(g && pipeline_run(g, &(PipelineOptions){0}));
   int before = cpu_compile_count();
   CompileTimes t1 = {0}, t2 = {0}, t3 = {0};
@@ -282,7 +209,7 @@ static void test_cache(void) {
 
 static void test_index64(void) {
   Arena *arena = arena_new();
-  Graph *g = build("optimizer:\n  _component_: torch.optim.AdamW\ndtype: bf16\noptimizer_state_dtype: fp32\n"
+  Graph *g = build_recipe("optimizer:\n  _component_: torch.optim.AdamW\ndtype: bf16\noptimizer_state_dtype: fp32\n"
                    "stochastic_rounding: true\nclip_grad_norm: 1.0\nseed: 3\n",
                    arena);
   ASSERT(g && pipeline_run(g, &(PipelineOptions){0}));

@@ -11,37 +11,11 @@
  *   truncated entry is a miss and is rebuilt.
  * - The Scout recipe's kernels, with their registers, are printed. */
 #include "../compiler/gpu.h"
-#include "../compiler/passes.h"
-#include "../runtime/rt.h"
+#include "testlib.h"
 
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int failures, checks;
-
-#define CHECK(c, ...) \
-  do { \
-    checks++; \
-    if (!(c)) { \
-      failures++; \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      printf(__VA_ARGS__); \
-      printf("\n"); \
-    } \
-  } while (0)
-
-static Graph *build_yaml(const char *yaml, Arena *a) {
-  char path[] = "/tmp/optc_nvrtcXXXXXX.yaml";
-  int fd = mkstemps(path, 5);
-  ASSERT(fd >= 0);
-  ASSERT(write(fd, yaml, strlen(yaml)) == (ssize_t)strlen(yaml));
-  close(fd);
-  Recipe *r = recipe_load(path, NULL, 0, a);
-  unlink(path);
-  Graph *g = r ? frontend_build(r) : NULL;
-  return g && pipeline_run(g, &(PipelineOptions){0}) ? g : NULL;
-}
 
 static const struct { const char *name, *yaml; } opts[] = {
     {"adamw", "optimizer:\n  _component_: torch.optim.AdamW\n"},

@@ -1,0 +1,117 @@
+/* testlib.h: what the backend tests share: CHECK, the seeded data they step,
+ * byte comparison of flat buffers, and building a step graph from recipe or
+ * .optir text. Header-only; a test includes it once. */
+#pragma once
+#include "../compiler/passes.h"
+#include "../runtime/rt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define TESTLIB_FN __attribute__((unused)) static
+
+static int failures, checks;
+
+/* Counts a check; on failure prints file:line and the message, and goes on. */
+#define CHECK(c, ...) \
+  do { \
+    checks++; \
+    if (!(c)) { \
+      failures++; \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__); \
+      printf("\n"); \
+    } \
+  } while (0)
+
+/* ---- data: xorshift64, the same sequence in every test and on every machine ---------------- */
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+TESTLIB_FN double uniform(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return (double)(rng >> 11) / 9007199254740992.0;
+}
+TESTLIB_FN float normalf(void) {
+  double u = uniform() + 1e-300, v = uniform();
+  return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* Normal values times scale, in t's dtype (f32 or bf16). */
+TESTLIB_FN void fill(Tensor *t, float scale) {
+  for (int64_t i = 0; i < t->numel; i++) {
+    float v = normalf() * scale;
+    if (t->dtype == TY_BF16)
+      ((uint16_t *)t->data)[i] = optc_f32_to_bf16(v);
+    else
+      ((float *)t->data)[i] = v;
+  }
+}
+
+/* One group: the odd sizes, one large tensor, forty small ones; params
+ * t0..t45 in pt, grads tK.grad in gt. */
+TESTLIB_FN void make_tensors(TensorFile *tf, Type pt, Type gt) {
+  int64_t sizes[6 + 40] = {0, 1, 15, 16, 17, 100003};
+  for (int i = 0; i < 40; i++)
+    sizes[6 + i] = 1 + (i * 7) % 40;
+  for (int i = 0; i < 46; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "t%d", i);
+    fill(tf_add(tf, name, pt, 1, &sizes[i]), 1.0f);
+    snprintf(name, sizeof name, "t%d.grad", i);
+    fill(tf_add(tf, name, gt, 1, &sizes[i]), 0.3f);
+  }
+}
+
+/* 64-byte aligned memory (the size rounded up, as aligned_alloc wants). */
+TESTLIB_FN void *alloc64(size_t n) {
+  void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+  ASSERT(p);
+  return p;
+}
+
+/* Whether g's n-element flat buffers a and b hold the same bytes; the first
+ * difference is printed under what. */
+TESTLIB_FN bool same_bytes(const Graph *g, int64_t n, void *const *a, void *const *b, const char *what) {
+  for (int k = 0; k < g->nbufs; k++) {
+    size_t bytes = (size_t)n * (size_t)type_size(g->bufs[k].type);
+    if (memcmp(a[k], b[k], bytes) != 0) {
+      const char *pa = a[k], *pb = b[k];
+      size_t at = 0;
+      while (at < bytes && pa[at] == pb[at])
+        at++;
+      printf("  %s: @%s differs first at byte %zu (element %zu)\n", what, g->bufs[k].name, at,
+             at / (size_t)type_size(g->bufs[k].type));
+      return false;
+    }
+  }
+  return true;
+}
+
+/* ---- step graphs ------------------------------------------------------------------------------ */
+
+/* The front end's graph of a recipe's text, before the passes. */
+TESTLIB_FN Graph *build_recipe(const char *yaml, Arena *a) {
+  Recipe *r = recipe_from_text("<test recipe>", yaml, NULL, 0, a);
+  return r ? frontend_build(r) : NULL;
+}
+
+/* ... and after them: what the backends compile. */
+TESTLIB_FN Graph *build_yaml(const char *yaml, Arena *a) {
+  Graph *g = build_recipe(yaml, a);
+  return g && pipeline_run(g, &(PipelineOptions){0}) ? g : NULL;
+}
+
+/* An .optir program's text, specialised with its defaults, after the passes. */
+TESTLIB_FN Graph *build_optir(const char *name, const char *text, Arena *a) {
+  SrcFile *src = arena_alloc(a, sizeof(SrcFile));
+  src->name = name;
+  src->text = text;
+  src->len = strlen(text);
+  Graph *g = ir_parse(src, a);
+  if (g)
+    g = optir_specialize(g, NULL, 0, a);
+  return g && pipeline_run(g, &(PipelineOptions){0}) ? g : NULL;
+}
