@@ -421,26 +421,6 @@ static void test_index64_real(const Graph *g) {
 
 /* ---- the matrix ---------------------------------------------------------------------------------- */
 
-static const struct { const char *name, *yaml; } opts[] = {
-    {"adamw", "optimizer:\n  _component_: torch.optim.AdamW\n"},
-    {"adamw_amsgrad_maximize", "optimizer:\n  _component_: torch.optim.AdamW\n  amsgrad: true\n  maximize: true\n"},
-    {"adam_wd", "optimizer:\n  _component_: torch.optim.Adam\n  weight_decay: 0.1\n"},
-    {"sgd", "optimizer:\n  _component_: torch.optim.SGD\n  lr: 0.1\n"},
-    {"sgd_nesterov", "optimizer:\n  _component_: torch.optim.SGD\n  lr: 0.1\n  momentum: 0.9\n  nesterov: true\n"},
-    {"sgd_dampening_wd",
-     "optimizer:\n  _component_: torch.optim.SGD\n  lr: 0.1\n  momentum: 0.8\n  dampening: 0.3\n  weight_decay: 0.01\n"},
-    {"lion", "optimizer:\n  _component_: optc.Lion\n  weight_decay: 0.1\n"},
-    {"adagrad", "optimizer:\n  _component_: torch.optim.Adagrad\n  lr_decay: 0.01\n  initial_accumulator_value: 0.1\n"},
-    {"rmsprop", "optimizer:\n  _component_: torch.optim.RMSprop\n"},
-    {"rmsprop_centered_momentum",
-     "optimizer:\n  _component_: torch.optim.RMSprop\n  centered: true\n  momentum: 0.9\n  weight_decay: 0.01\n"},
-};
-static const struct { const char *name, *yaml; bool low; } layouts[] = {
-    {"fp32", "dtype: fp32\n", false},
-    {"bf16", "dtype: bf16\n", true},
-    {"bf16/fp32-states", "dtype: bf16\noptimizer_state_dtype: fp32\n", true},
-};
-
 int main(void) {
   char why[256], desc[256];
   if (!cuda_nvrtc_available(why, sizeof why)) {
