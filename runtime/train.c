@@ -686,8 +686,8 @@ int train_run(Recipe *r, Coll *coll, const TrainOptions *opt, TrainResult *out) 
     if (tty)
       progress(&t, &log, last);
     else if (talk && (t.step % t.log_every == 0 || t.step == last))
-      fprintf(stderr, "  step %ld/%ld  loss %.4f  lr %.4g%s  %.0f tokens/s/rank  peak %.2f GiB%s\n", t.step, last,
-              log.loss, log.lr, "", log.tokens / (log.seconds * t.world), peak / (1 << 30),
+      fprintf(stderr, "  step %ld/%ld  loss %.4f  lr %.4g  grad_norm %.4g  %.0f tokens/s/rank  peak %.2f GiB%s\n",
+              t.step, last, log.loss, log.lr, log.grad_norm, log.tokens / (log.seconds * t.world), peak / (1 << 30),
               log.skipped ? "  (skipped: non-finite grads)" : "");
     if (t.eval_every > 0 && t.step % t.eval_every == 0) {
       double h = evaluate(&t);
