@@ -24,10 +24,7 @@ static bool same_buffers(const Graph *g, const ParamGroup *a, const ParamGroup *
   return same_bytes(g, a->layout.total, a->bufs, b->bufs, what);
 }
 
-static void matrix_case(const char *name, const char *opt, const char *layout, bool clip, bool sr) {
-  char yaml[1024];
-  snprintf(yaml, sizeof yaml, "%s%s%s%s", opt, layout, clip ? "clip_grad_norm: 0.5\n" : "",
-           sr ? "stochastic_rounding: true\nseed: 42\n" : "");
+static void matrix_case(const char *name, const char *yaml) {
   Arena *arena = arena_new();
   Graph *g = build_recipe(yaml, arena);
   CHECK(g, "%s: recipe", name);
@@ -38,10 +35,7 @@ static void matrix_case(const char *name, const char *opt, const char *layout, b
   Type pt = (Type)g->bufs[0].type, gt = (Type)g->bufs[1].type;
   TensorFile tf = {0};
   make_tensors(&tf, pt, gt);
-  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-  Binding sets[] = {{"num_tokens", 7}};
-  Binding first = {"step", 1};
-  ASSERT(inputs_resolve(g, sets, 1, &first, 1, vals) == 0);
+  double *vals = step1_inputs(g, true);
   ParamGroup ref, run[3];
   int finite;
   ASSERT(group_from_file(&ref, g, &tf, vals, &finite) == 0);
@@ -84,15 +78,9 @@ static void matrix_case(const char *name, const char *opt, const char *layout, b
 }
 
 static void test_matrix(void) {
-  for (size_t o = 0; o < ARRAY_LEN(opts); o++)
-    for (size_t l = 0; l < ARRAY_LEN(layouts); l++)
-      for (int clip = 0; clip < 2; clip++)
-        for (int sr = 0; sr < (layouts[l].low ? 2 : 1); sr++) {
-          char name[128];
-          snprintf(name, sizeof name, "%s %s%s%s", opts[o].name, layouts[l].name, clip ? " clip" : "",
-                   sr ? " sr" : "");
-          matrix_case(name, opts[o].yaml, layouts[l].yaml, clip, sr);
-        }
+  MatrixCase c;
+  for (int i = 0; matrix_case_at(i, &c); i++)
+    matrix_case(c.name, c.yaml);
 }
 
 /* ---- the disk cache ---------------------------------------------------------------------- */
@@ -150,9 +138,7 @@ static void test_cache(void) {
     /* and the rebuilt program works: one step against the interpreter */
     TensorFile tf = {0};
     make_tensors(&tf, TY_F32, TY_F32);
-    double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-    Binding first = {"step", 1};
-    ASSERT(inputs_resolve(g, NULL, 0, &first, 1, vals) == 0);
+    double *vals = step1_inputs(g, false);
     ParamGroup p1, p2;
     int fin;
     ASSERT(group_from_file(&p1, g, &tf, vals, &fin) == 0 && group_from_file(&p2, g, &tf, vals, &fin) == 0);
@@ -226,9 +212,7 @@ static void test_index64(void) {
   Chunk chunks[1] = {{.tensor = 0, .block = (int32_t)(FLAT / OPTC_REDUCE_BLOCK), .start = START, .len = N, .flat = FLAT}};
   l.chunks = chunks;
   l.nchunks = 1;
-  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-  Binding first = {"step", 1};
-  ASSERT(inputs_resolve(g, NULL, 0, &first, 1, vals) == 0);
+  double *vals = step1_inputs(g, false);
   StepArgs args = {vals, 1};
   StepResult r0, r1;
   interp_step(g, &l, bufs[0], &args, &r0);

@@ -252,11 +252,7 @@ static void run_case(const Case *c, Type pt, Type gt) {
   TensorFile tf = {0};
   rng = 0x2545f4914f6cdd1dull;
   make_tensors(&tf, pt, gt);
-  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-  Binding sets[] = {{"num_tokens", 7}};
-  Binding first = {"step", 1};
-  int nsets = graph_find_input(g, "num_tokens") != NOREF;
-  ASSERT(inputs_resolve(g, sets, nsets, &first, 1, vals) == 0);
+  double *vals = step1_inputs(g, true);
   ParamGroup ref, run;
   int finite;
   ASSERT(group_from_file(&ref, g, &tf, vals, &finite) == 0);
@@ -301,10 +297,7 @@ static void test_chunk_partials(const Case *c, Type pt, Type gt) {
   TensorFile tf = {0};
   rng = 7;
   make_tensors(&tf, pt, gt);
-  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-  Binding sets[] = {{"num_tokens", 7}};
-  Binding first = {"step", 1};
-  ASSERT(inputs_resolve(g, sets, graph_find_input(g, "num_tokens") != NOREF, &first, 1, vals) == 0);
+  double *vals = step1_inputs(g, true);
   ParamGroup ref, run;
   int finite;
   ASSERT(group_from_file(&ref, g, &tf, vals, &finite) == 0 && group_from_file(&run, g, &tf, vals, &finite) == 0);
@@ -343,9 +336,7 @@ static void test_unaligned(const Case *c) {
   const Graph *g = c->g;
   TensorFile tf = {0};
   make_tensors(&tf, TY_BF16, TY_BF16);
-  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-  Binding first = {"step", 1};
-  ASSERT(inputs_resolve(g, NULL, 0, &first, 1, vals) == 0);
+  double *vals = step1_inputs(g, false);
   ParamGroup ref;
   int finite;
   ASSERT(group_from_file(&ref, g, &tf, vals, &finite) == 0);
@@ -410,9 +401,7 @@ static void test_index64(const Case *c) {
   Chunk chunks[1] = {{.tensor = 0, .block = (int32_t)(FLAT / OPTC_REDUCE_BLOCK), .start = START, .len = N, .flat = FLAT}};
   l.chunks = chunks;
   l.nchunks = 1;
-  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-  Binding first = {"step", 1};
-  ASSERT(inputs_resolve(g, NULL, 0, &first, 1, vals) == 0);
+  double *vals = step1_inputs(g, false);
   StepArgs args = {vals, 1};
   StepResult r0, r1 = {0};
   interp_step(g, &l, bufs[0], &args, &r0);
@@ -444,16 +433,8 @@ static void test_nonfinite(const Case *c) {
   for (int kind = 0; kind < 2; kind++) {
     TensorFile tf = {0};
     make_tensors(&tf, (Type)g->bufs[0].type, (Type)g->bufs[1].type);
-    Tensor *gt = tf_find(&tf, "t5.grad");
-    ASSERT(gt);
-    float bad = kind == 0 ? NAN : INFINITY;
-    if (gt->dtype == TY_BF16)
-      ((uint16_t *)gt->data)[777] = optc_f32_to_bf16(bad);
-    else
-      ((float *)gt->data)[777] = bad;
-    double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-    Binding first = {"step", 1};
-    ASSERT(inputs_resolve(g, NULL, 0, &first, 1, vals) == 0);
+    poison_grad(&tf, kind);
+    double *vals = step1_inputs(g, false);
     ParamGroup ref, run;
     int finite;
     ASSERT(group_from_file(&ref, g, &tf, vals, &finite) == 0 && group_from_file(&run, g, &tf, vals, &finite) == 0);
@@ -499,20 +480,13 @@ int main(int argc, char **argv) {
   int cap = 128, n = 0;
   Case *cases = calloc((size_t)cap, sizeof(Case));
   ASSERT(cases);
-  for (size_t o = 0; o < ARRAY_LEN(opts); o++)
-    for (size_t l = 0; l < ARRAY_LEN(layouts); l++)
-      for (int clip = 0; clip < 2; clip++)
-        for (int sr = 0; sr < (layouts[l].low ? 2 : 1); sr++) {
-          char name[128], yaml[1024];
-          snprintf(name, sizeof name, "%s %s%s%s", opts[o].name, layouts[l].name, clip ? " clip" : "",
-                   sr ? " sr" : "");
-          snprintf(yaml, sizeof yaml, "%s%s%s%s", opts[o].yaml, layouts[l].yaml, clip ? "clip_grad_norm: 0.5\n" : "",
-                   sr ? "stochastic_rounding: true\nseed: 42\n" : "");
-          Arena *a = arena_new();
-          ASSERT(n < cap);
-          case_init(&cases[n], name, build_yaml(yaml, a), a, n);
-          n++;
-        }
+  MatrixCase mc;
+  for (int i = 0; matrix_case_at(i, &mc); i++) {
+    Arena *a = arena_new();
+    ASSERT(n < cap);
+    case_init(&cases[n], mc.name, build_yaml(mc.yaml, a), a, n);
+    n++;
+  }
   int nmatrix = n;
   Arena *a = arena_new();
   int sink = n;

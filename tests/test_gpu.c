@@ -103,10 +103,7 @@ static bool run_case(const char *name, const Graph *g, Type pt, Type gt, bool ex
   TensorFile tf = {0};
   rng = 0x2545f4914f6cdd1dull;
   make_tensors(&tf, pt, gt);
-  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-  Binding sets[] = {{"num_tokens", 7}};
-  Binding first = {"step", 1};
-  ASSERT(inputs_resolve(g, sets, graph_find_input(g, "num_tokens") != NOREF, &first, 1, vals) == 0);
+  double *vals = step1_inputs(g, true);
   ParamGroup ref, run;
   int finite;
   ASSERT(group_from_file(&ref, g, &tf, vals, &finite) == 0 && group_from_file(&run, g, &tf, vals, &finite) == 0);
@@ -157,10 +154,7 @@ static void test_chunk_partials(const char *name, const Graph *g, Type pt, Type 
   TensorFile tf = {0};
   rng = 7;
   make_tensors(&tf, pt, gt);
-  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-  Binding sets[] = {{"num_tokens", 7}};
-  Binding first = {"step", 1};
-  ASSERT(inputs_resolve(g, sets, graph_find_input(g, "num_tokens") != NOREF, &first, 1, vals) == 0);
+  double *vals = step1_inputs(g, true);
   ParamGroup ref;
   int finite;
   ASSERT(group_from_file(&ref, g, &tf, vals, &finite) == 0);
@@ -204,15 +198,8 @@ static void test_nonfinite(const Graph *g) {
   for (int kind = 0; prog && kind < 2; kind++) {
     TensorFile tf = {0};
     make_tensors(&tf, (Type)g->bufs[0].type, (Type)g->bufs[1].type);
-    Tensor *gt = tf_find(&tf, "t5.grad");
-    float bad = kind == 0 ? NAN : INFINITY;
-    if (gt->dtype == TY_BF16)
-      ((uint16_t *)gt->data)[777] = optc_f32_to_bf16(bad);
-    else
-      ((float *)gt->data)[777] = bad;
-    double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-    Binding first = {"step", 1};
-    ASSERT(inputs_resolve(g, NULL, 0, &first, 1, vals) == 0);
+    poison_grad(&tf, kind);
+    double *vals = step1_inputs(g, false);
     ParamGroup ref, run;
     int finite;
     ASSERT(group_from_file(&ref, g, &tf, vals, &finite) == 0 && group_from_file(&run, g, &tf, vals, &finite) == 0);
@@ -247,9 +234,7 @@ static void test_unaligned(const Graph *g) {
     return;
   TensorFile tf = {0};
   make_tensors(&tf, (Type)g->bufs[0].type, (Type)g->bufs[1].type);
-  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-  Binding first = {"step", 1};
-  ASSERT(inputs_resolve(g, NULL, 0, &first, 1, vals) == 0);
+  double *vals = step1_inputs(g, false);
   ParamGroup ref, out;
   int finite;
   ASSERT(group_from_file(&ref, g, &tf, vals, &finite) == 0 && group_from_file(&out, g, &tf, vals, &finite) == 0);
@@ -327,9 +312,7 @@ static void test_index64_moved(const Graph *g) {
   Chunk chunks[1] = {{.tensor = 0, .block = (int32_t)(FLAT / OPTC_REDUCE_BLOCK), .start = START, .len = N, .flat = FLAT}};
   l.chunks = chunks;
   l.nchunks = 1;
-  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-  Binding first = {"step", 1};
-  ASSERT(inputs_resolve(g, NULL, 0, &first, 1, vals) == 0);
+  double *vals = step1_inputs(g, false);
   StepArgs args = {vals, 1};
   StepResult r0, r1 = {0};
   char err[512];
@@ -382,9 +365,7 @@ static void test_index64_real(const Graph *g) {
     host[b] = (char *)mem[b] - lo * es;
   }
   fill_window(g, mem, n);
-  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-  Binding first = {"step", 1};
-  ASSERT(inputs_resolve(g, NULL, 0, &first, 1, vals) == 0);
+  double *vals = step1_inputs(g, false);
   StepArgs args = {vals, -1};
   StepResult r0, r1 = {0};
   char err[512];
@@ -435,24 +416,18 @@ int main(void) {
   cuda_device_describe(desc, sizeof desc);
   printf("device: %s\n", desc);
   setenv("OPTC_CACHE", "0", 1);
-  for (size_t o = 0; o < ARRAY_LEN(opts); o++)
-    for (size_t l = 0; l < ARRAY_LEN(layouts); l++)
-      for (int clip = 0; clip < 2; clip++)
-        for (int sr = 0; sr < (layouts[l].low ? 2 : 1); sr++) {
-          char name[128], yaml[1024];
-          snprintf(name, sizeof name, "%s %s%s%s", opts[o].name, layouts[l].name, clip ? " clip" : "", sr ? " sr" : "");
-          snprintf(yaml, sizeof yaml, "%s%s%s%s", opts[o].yaml, layouts[l].yaml, clip ? "clip_grad_norm: 0.5\n" : "",
-                   sr ? "stochastic_rounding: true\nseed: 42\n" : "");
-          Arena *a = arena_new();
-          Graph *g = build_yaml(yaml, a);
-          CHECK(g, "%s: the recipe builds", name);
-          if (g) {
-            run_case(name, g, (Type)g->bufs[0].type, (Type)g->bufs[1].type, true);
-            if (o < 2 && clip)
-              test_chunk_partials(name, g, (Type)g->bufs[0].type, (Type)g->bufs[1].type);
-          }
-          arena_free(a);
-        }
+  MatrixCase mc;
+  for (int i = 0; matrix_case_at(i, &mc); i++) {
+    Arena *a = arena_new();
+    Graph *g = build_yaml(mc.yaml, a);
+    CHECK(g, "%s: the recipe builds", mc.name);
+    if (g) {
+      run_case(mc.name, g, (Type)g->bufs[0].type, (Type)g->bufs[1].type, true);
+      if (mc.opt < 2 && mc.clip)
+        test_chunk_partials(mc.name, g, (Type)g->bufs[0].type, (Type)g->bufs[1].type);
+    }
+    arena_free(a);
+  }
   Arena *a = arena_new();
   Graph *g = build_optir("sink.optir", sink_optir, a);
   CHECK(g, "the every-op program builds");

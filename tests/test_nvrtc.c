@@ -48,24 +48,18 @@ static void check_compile(const char *name, const Graph *g, const char *arch) {
 }
 
 static void test_matrix(void) {
-  for (size_t o = 0; o < ARRAY_LEN(opts); o++)
-    for (size_t l = 0; l < ARRAY_LEN(layouts); l++)
-      for (int clip = 0; clip < 2; clip++)
-        for (int sr = 0; sr < (layouts[l].low ? 2 : 1); sr++) {
-          char name[128], yaml[1024];
-          snprintf(name, sizeof name, "%s %s%s%s", opts[o].name, layouts[l].name, clip ? " clip" : "", sr ? " sr" : "");
-          snprintf(yaml, sizeof yaml, "%s%s%s%s", opts[o].yaml, layouts[l].yaml, clip ? "clip_grad_norm: 0.5\n" : "",
-                   sr ? "stochastic_rounding: true\nseed: 42\n" : "");
-          Arena *a = arena_new();
-          Graph *g = build_yaml(yaml, a);
-          CHECK(g, "%s: the recipe builds", name);
-          if (g) {
-            if (!sr)
-              check_compile(name, g, "sm_80");
-            check_compile(name, g, "sm_90");
-          }
-          arena_free(a);
-        }
+  MatrixCase mc;
+  for (int i = 0; matrix_case_at(i, &mc); i++) {
+    Arena *a = arena_new();
+    Graph *g = build_yaml(mc.yaml, a);
+    CHECK(g, "%s: the recipe builds", mc.name);
+    if (g) {
+      if (!mc.sr)
+        check_compile(mc.name, g, "sm_80");
+      check_compile(mc.name, g, "sm_90");
+    }
+    arena_free(a);
+  }
 }
 
 static void test_arches(void) {

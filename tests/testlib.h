@@ -65,6 +65,17 @@ TESTLIB_FN void make_tensors(TensorFile *tf, Type pt, Type gt) {
   }
 }
 
+/* Element 777 of make_tensors' t5.grad made NaN (kind 0) or +inf (kind 1). */
+TESTLIB_FN void poison_grad(TensorFile *tf, int kind) {
+  Tensor *gt = tf_find(tf, "t5.grad");
+  ASSERT(gt);
+  float bad = kind == 0 ? NAN : INFINITY;
+  if (gt->dtype == TY_BF16)
+    ((uint16_t *)gt->data)[777] = optc_f32_to_bf16(bad);
+  else
+    ((float *)gt->data)[777] = bad;
+}
+
 /* 64-byte aligned memory (the size rounded up, as aligned_alloc wants). */
 TESTLIB_FN void *alloc64(size_t n) {
   void *p = aligned_alloc(64, (n + 63) / 64 * 64);
@@ -112,6 +123,41 @@ __attribute__((unused)) static const struct { const char *name, *yaml; bool low;
     {"bf16", "dtype: bf16\n", true},
     {"bf16/fp32-states", "dtype: bf16\noptimizer_state_dtype: fp32\n", true},
 };
+
+/* Case i of the matrix (opts x layouts x clip off/on x, for the bf16
+ * layouts, stochastic rounding off/on): its name and recipe text. False past
+ * the last case. */
+typedef struct {
+  char name[128], yaml[1024];
+  size_t opt, layout; /* indices into opts and layouts */
+  bool clip, sr;
+} MatrixCase;
+TESTLIB_FN bool matrix_case_at(int i, MatrixCase *c) {
+  for (size_t o = 0; o < ARRAY_LEN(opts); o++)
+    for (size_t l = 0; l < ARRAY_LEN(layouts); l++)
+      for (int clip = 0; clip < 2; clip++)
+        for (int sr = 0; sr < (layouts[l].low ? 2 : 1); sr++)
+          if (i-- == 0) {
+            *c = (MatrixCase){.opt = o, .layout = l, .clip = clip, .sr = sr};
+            snprintf(c->name, sizeof c->name, "%s %s%s%s", opts[o].name, layouts[l].name, clip ? " clip" : "",
+                     sr ? " sr" : "");
+            snprintf(c->yaml, sizeof c->yaml, "%s%s%s%s", opts[o].yaml, layouts[l].yaml,
+                     clip ? "clip_grad_norm: 0.5\n" : "", sr ? "stochastic_rounding: true\nseed: 42\n" : "");
+            return true;
+          }
+  return false;
+}
+
+/* g's runtime inputs for step 1 (and num_tokens 7 when with_tokens and g
+ * has it), the rest at their defaults; malloc'd, the caller frees. */
+TESTLIB_FN double *step1_inputs(const Graph *g, bool with_tokens) {
+  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
+  Binding sets[] = {{"num_tokens", 7}};
+  Binding first = {"step", 1};
+  int nsets = with_tokens && graph_find_input(g, "num_tokens") != NOREF;
+  ASSERT(vals && inputs_resolve(g, sets, nsets, &first, 1, vals) == 0);
+  return vals;
+}
 
 /* ---- step graphs ------------------------------------------------------------------------------ */
 
