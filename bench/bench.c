@@ -75,6 +75,29 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* The result of reps timed steps (ms, sorted here): median and spread. */
+static Result timed_result(double *times, int reps, double moved_bytes_per_elem) {
+  qsort(times, (size_t)reps, sizeof(double), cmp_double);
+  double median = reps % 2 ? times[reps / 2] : (times[reps / 2 - 1] + times[reps / 2]) / 2;
+  return (Result){true, median, times[0], times[reps - 1], moved_bytes_per_elem, ""};
+}
+
+/* One row of the JSON's results[]: the fields tests/bench/schema.py checks,
+ * GB/s at the traffic model's bytes, and the percentage of ceiling_gbps
+ * (the CPU's triad, or the GPU's copy). */
+static json_t *result_json(const char *strategy, const char *backend, const char *layout, bool clip, const Result *x,
+                           double elems, double plan_bytes, double ceiling_gbps, const Result *eager) {
+  double gbps = elems * plan_bytes / (x->ms_median * 1e-3) / 1e9;
+  json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "strategy", strategy, "backend",
+                        backend, "layout", layout, "clip", clip, "ms_median", x->ms_median, "ms_min", x->ms_min, "ms_max",
+                        x->ms_max, "gbps", gbps, "pct_of_triad", ceiling_gbps > 0 ? 100 * gbps / ceiling_gbps : 0,
+                        "params_per_s", elems / (x->ms_median * 1e-3), "moved_bytes_per_element",
+                        x->moved_bytes_per_elem);
+  if (eager->ran)
+    json_object_set_new(o, "speedup_vs_eager", json_real(eager->ms_median / x->ms_median));
+  return o;
+}
+
 /* ---- STREAM-style ceiling ------------------------------------------------------------- */
 
 typedef struct {
@@ -322,9 +345,7 @@ static bool bench_gpu(const Graph *g, ParamGroup *pg, double *vals, int reps, Gp
       times[rep] = (now_seconds() - t0) * 1e3;
   }
   if (ok) {
-    qsort(times, (size_t)reps, sizeof(double), cmp_double);
-    out->res = (Result){true, reps % 2 ? times[reps / 2] : (times[reps / 2 - 1] + times[reps / 2]) / 2, times[0],
-                        times[reps - 1], g->plan->bytes_per_element, ""};
+    out->res = timed_result(times, reps, g->plan->bytes_per_element);
     size_t bytes = (size_t)pg->layout.total * 4;
     CudaPtr a = cuda_malloc(bytes), b = cuda_malloc(bytes);
     double ms = a && b ? cuda_copy_ms(b, a, bytes, 10) : -1;
@@ -582,12 +603,7 @@ int bench_optimizer(int argc, char **argv) {
       if (rep >= 0)
         times[rep] = dt;
     }
-    qsort(times, (size_t)reps, sizeof(double), cmp_double);
-    res[s].ran = true;
-    res[s].ms_median = reps % 2 ? times[reps / 2] : (times[reps / 2 - 1] + times[reps / 2]) / 2;
-    res[s].ms_min = times[0];
-    res[s].ms_max = times[reps - 1];
-    res[s].moved_bytes_per_elem = s <= S_FOREACH ? eager_bytes : plan_bytes;
+    res[s] = timed_result(times, reps, s <= S_FOREACH ? eager_bytes : plan_bytes);
     free(times);
   }
   pg.g = g;
@@ -596,6 +612,7 @@ int bench_optimizer(int argc, char **argv) {
 
   /* the table */
   double elems = (double)n;
+  const char *layout_name = layout ? layout : type_names[r->param_dtype];
   printf("  %-16s %10s %14s %9s %9s %9s %12s %10s\n", "strategy", "ms", "spread", "GB/s", "% triad", "% update",
          "params/s", "vs eager");
   json_t *results = json_array();
@@ -617,14 +634,9 @@ int bench_optimizer(int argc, char **argv) {
       snprintf(vs, sizeof vs, "-");
     printf("  %-16s %10.2f %14s %9.1f %8.1f%% %8.1f%% %12.3g %10s\n", strategy_names[s], res[s].ms_median, spread, gbps,
            pct, 100 * gbps / update_gbps, elems / (res[s].ms_median * 1e-3), vs);
-    json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "strategy", strategy_names[s],
-                          "backend", "cpu", "layout", layout ? layout : type_names[r->param_dtype], "clip", clip,
-                          "ms_median", res[s].ms_median, "ms_min", res[s].ms_min, "ms_max", res[s].ms_max, "gbps", gbps,
-                          "pct_of_triad", pct, "params_per_s", elems / (res[s].ms_median * 1e-3),
-                          "moved_bytes_per_element", res[s].moved_bytes_per_elem);
+    json_t *o = result_json(strategy_names[s], "cpu", layout_name, clip, &res[s], elems, plan_bytes, triad_gbps,
+                            &res[S_EAGER]);
     json_object_set_new(o, "pct_of_update", json_real(100 * gbps / update_gbps));
-    if (res[S_EAGER].ran)
-      json_object_set_new(o, "speedup_vs_eager", json_real(speedup));
     json_array_append_new(results, o);
   }
   if (gpu_ran) {
@@ -637,16 +649,12 @@ int bench_optimizer(int argc, char **argv) {
            elems / (gpu.res.ms_median * 1e-3), speedup);
     printf("    on %s: %.0f GB/s device copy, %.1f%% of it; NVRTC compile %.0f ms\n", gpu.device, gpu.copy_gbps, pct,
            gpu.compile_ms);
-    json_t *o = json_pack("{s:s, s:s, s:s, s:b, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:s}", "strategy", "compiled",
-                          "backend", "cuda", "layout", layout ? layout : type_names[r->param_dtype], "clip", clip,
-                          "ms_median", gpu.res.ms_median, "ms_min", gpu.res.ms_min, "ms_max", gpu.res.ms_max, "gbps",
-                          gbps, "pct_of_triad", pct, "params_per_s", elems / (gpu.res.ms_median * 1e-3),
-                          "moved_bytes_per_element", gpu.res.moved_bytes_per_elem, "ceiling_gbps", gpu.copy_gbps,
-                          "device", gpu.device);
+    json_t *o = result_json("compiled", "cuda", layout_name, clip, &gpu.res, elems, plan_bytes, gpu.copy_gbps,
+                            &res[S_EAGER]);
     json_object_set_new(o, "ceiling", json_string("device-to-device copy (pct_of_triad is % of it)"));
+    json_object_set_new(o, "ceiling_gbps", json_real(gpu.copy_gbps));
+    json_object_set_new(o, "device", json_string(gpu.device));
     json_object_set_new(o, "compile_ms", json_real(gpu.compile_ms));
-    if (res[S_EAGER].ran)
-      json_object_set_new(o, "speedup_vs_eager", json_real(speedup));
     json_array_append_new(results, o);
   } else if (gpu.res.note[0]) {
     printf("  %-16s %s\n", "compiled (cuda)", gpu.res.note);
@@ -688,7 +696,7 @@ int bench_optimizer(int argc, char **argv) {
                  "%g with lines lw 2 lc rgb '#cc3311' title 'triad %.1f GB/s', "
                  "%g with lines lw 2 dt 2 lc rgb '#ee7733' title 'copy %.1f GB/s', "
                  "%g with lines lw 2 dt 3 lc rgb '#009988' title 'in-place update %.1f GB/s'\n",
-                 plot_path, r->component, layout ? layout : type_names[r->param_dtype], (long long)n, threads,
+                 plot_path, r->component, layout_name, (long long)n, threads,
                  MAX(MAX(copy_gbps, triad_gbps), update_gbps) * 1.25, triad_gbps, triad_gbps, copy_gbps, copy_gbps,
                  update_gbps, update_gbps);
       for (int s = 0; s < NUM_STRATEGIES; s++)
