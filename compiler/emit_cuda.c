@@ -81,6 +81,7 @@ static const char *const op_fmt[NUM_OPS][2] = {
     [OP_LOG] = {"logf(%s)", "log(%s)"},
     [OP_FMA] = {"fmaf(%s, %s, %s)", "fma(%s, %s, %s)"},
     [OP_LERP] = {"optc_lerpf(%s, %s, %s)", "optc_lerpd(%s, %s, %s)"},
+    [OP_SQRT_MKL] = {"optc_sqrt_mkl_f32(%s)", "sqrt(%s)"},
     [OP_EQ] = {"(%s == %s)", "(%s == %s)"},
     [OP_NE] = {"(%s != %s)", "(%s != %s)"},
     [OP_LT] = {"(%s < %s)", "(%s < %s)"},
@@ -100,7 +101,7 @@ static const char helpers[] =
     "/* plan.h's Chunk and Scalar, byte for byte */\n"
     "typedef struct {\n"
     "  int tensor, block;\n"
-    "  long long start, len, flat;\n"
+    "  long long start, len, flat, numel;\n"
     "} OptcChunk;\n"
     "typedef union {\n"
     "  double d;\n"
@@ -109,7 +110,7 @@ static const char helpers[] =
     "  long long i;\n"
     "} OptcScalar;\n"
     "\n"
-    "/* interp.c's arithmetic: NaN-propagating min and max, torch.sign, torch.lerp,\n"
+    "/* interp.c's arithmetic: NaN-propagating min and max, torch.sign,\n"
     " * isfinite, and float to integer (toward zero, NaN to 0, saturating) */\n"
     "OPTC_FN float optc_minf(float a, float b) { return a != a ? a : b != b ? b : (b < a ? b : a); }\n"
     "OPTC_FN float optc_maxf(float a, float b) { return a != a ? a : b != b ? b : (a < b ? b : a); }\n"
@@ -117,12 +118,7 @@ static const char helpers[] =
     "OPTC_FN double optc_maxd(double a, double b) { return optc_max_nan(a, b); }\n"
     "OPTC_FN float optc_signf(float x) { return (float)((0.0f < x) - (x < 0.0f)); }\n"
     "OPTC_FN double optc_signd(double x) { return (double)((0.0 < x) - (x < 0.0)); }\n"
-    "OPTC_FN float optc_lerpf(float a, float b, float w) {\n"
-    "  return fabsf(w) < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w);\n"
-    "}\n"
-    "OPTC_FN double optc_lerpd(double a, double b, double w) {\n"
-    "  return fabs(w) < 0.5 ? a + w * (b - a) : b - (b - a) * (1.0 - w);\n"
-    "}\n"
+
     "OPTC_FN bool optc_isfinite(double x) { return fabs(x) <= 1.7976931348623157e308; }\n"
     "OPTC_FN long long optc_to_int(double d, bool i32) {\n"
     "  const double lo = i32 ? -2147483648.0 : -9223372036854775808.0;\n"
@@ -421,6 +417,8 @@ static const char *render(E *e, Ref i, const char *index) {
   case TR_CVTSR:
     return arena_printf(e->a, "%s(%s, optc_sr_bits(k_%s, (uint64_t)(%s)))",
                         t == TY_BF16 ? "optc_f32_to_bf16_sr" : "optc_f32_to_f16_sr", a[0], e->stem[i], index);
+  case TR_TAILPOS:
+    return arena_printf(e->a, "optc_tailpos((long long)(%s), ch.numel, %s, %s)", index, a[0], a[1]);
   default: unreachable();
   }
 }

@@ -35,9 +35,11 @@ typedef struct {
   LLVMValueRef *splat;   /* (nins) splats of the above, per chunk */
   LLVMValueRef *bufptr;  /* (nbufs) the chunk's first element of each buffer */
   LLVMValueRef *srkey;   /* (nins) the chunk's stochastic-rounding key of each cvt_sr */
+  LLVMValueRef *tail;    /* (nins) tailpos: the chunk's <4 x i64> remainder regions {t0, e0, t1, e1} */
   LLVMValueRef mask;     /* NULL, or the tail's <W x i1> */
   LLVMValueRef j;        /* first element of this vector, within the chunk */
   LLVMValueRef start;    /* the chunk's first element within its tensor */
+  bool avx512;           /* the target has AVX-512F (vrsqrt14ps) */
 } E;
 
 /* ---- types and constants --------------------------------------------------------- */
@@ -223,6 +225,85 @@ static LLVMValueRef f32_to_f16_sr(E *e, LLVMValueRef f, LLVMValueRef bits) {
   return LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntUGE, ax, ci32(e, 0x47800000), ""), f32_to_f16(e, f), res, "");
 }
 
+/* ---- torch's f32 sqrt on AVX-512 (numerics_mkl.h), lane by lane ------------------------ */
+
+static LLVMValueRef fbits(E *e, uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return cf32(e, f);
+}
+
+/* VRSQRT14PS of a positive normal x, from the 64-segment table in integer
+ * ops and a gather: for a CPU without AVX-512. */
+static LLVMValueRef rsqrt14_emulated(E *e, LLVMValueRef x) {
+  LLVMBuilderRef b = e->b;
+  LLVMTypeRef vi = vec(e->ti32, W);
+  LLVMValueRef u = LLVMBuildBitCast(b, x, vi, "");
+  LLVMValueRef be = LLVMBuildAdd(b, LLVMBuildLShr(b, u, ci32(e, 23), ""), ci32(e, 64), "");
+  LLVMValueRef f = LLVMBuildAnd(b, u, ci32(e, 0x007fffff), "");
+  LLVMValueRef ex = LLVMBuildSub(b, ci32(e, 222), LLVMBuildLShr(b, LLVMBuildAdd(b, be, ci32(e, 1), ""), ci32(e, 1), ""), "");
+  LLVMValueRef odd = LLVMBuildAnd(b, be, ci32(e, 1), "");
+  LLVMValueRef idx = LLVMBuildOr(b, LLVMBuildShl(b, odd, ci32(e, 5), ""), LLVMBuildLShr(b, f, ci32(e, 18), ""), "");
+  LLVMValueRef tab = LLVMGetNamedGlobal(e->m, "optc_rsqrt14_tab");
+  if (!tab) {
+    LLVMValueRef init[64];
+    for (int i = 0; i < 64; i++)
+      init[i] = LLVMConstInt(e->ti32, optc_rsqrt14_tab[i], 0);
+    LLVMTypeRef at = LLVMArrayType2(e->ti32, 64);
+    tab = LLVMAddGlobal(e->m, at, "optc_rsqrt14_tab");
+    LLVMSetInitializer(tab, LLVMConstArray2(e->ti32, init, 64));
+    LLVMSetGlobalConstant(tab, 1);
+    LLVMSetLinkage(tab, LLVMPrivateLinkage);
+  }
+  LLVMValueRef ptrs = LLVMBuildGEP2(b, e->ti32, tab, &idx, 1, "");
+  LLVMValueRef mask = splat_const(LLVMConstInt(e->ti1, 1, 0), W);
+  LLVMTypeRef over[2] = {vi, LLVMTypeOf(ptrs)};
+  LLVMValueRef gargs[4] = {ptrs, LLVMConstInt(e->ti32, 4, 0), mask, LLVMGetUndef(vi)};
+  LLVMValueRef k = call_intrinsic(e, "llvm.masked.gather", over, 2, gargs, 4);
+  LLVMValueRef t = LLVMBuildSub(b, LLVMBuildAnd(b, LLVMBuildLShr(b, f, ci32(e, 8), ""), ci32(e, 0x3ff), ""), ci32(e, 512), "");
+  LLVMValueRef v = LLVMBuildSub(b, LLVMBuildMul(b, LLVMBuildLShr(b, k, ci32(e, 10), ""), ci32(e, 128), ""),
+                                LLVMBuildMul(b, LLVMBuildAnd(b, k, ci32(e, 0x3ff), ""), t, ""), "");
+  LLVMValueRef mant = LLVMBuildShl(b, LLVMBuildAnd(b, LLVMBuildLShr(b, v, ci32(e, 9), ""), ci32(e, 0xffff), ""), ci32(e, 7), "");
+  LLVMValueRef r = LLVMBuildOr(b, LLVMBuildShl(b, ex, ci32(e, 23), ""), mant, "");
+  /* z = 1 exactly: 2^-n */
+  LLVMValueRef one = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, f, ci32(e, 0), ""),
+                                  LLVMBuildICmp(b, LLVMIntNE, odd, ci32(e, 0), ""), "");
+  r = LLVMBuildSelect(b, one, LLVMBuildShl(b, LLVMBuildAdd(b, ex, ci32(e, 1), ""), ci32(e, 23), ""), r, "");
+  return LLVMBuildBitCast(b, r, vec(e->tf32, W), "");
+}
+
+/* optc_sqrt_mkl_f32 on W lanes: rsqrt14, one fma Newton step, a power-of-4
+ * scaling below 2^-102, then the special cases. */
+static LLVMValueRef sqrt_mkl(E *e, LLVMValueRef x) {
+  LLVMBuilderRef b = e->b;
+  LLVMTypeRef vf = vec(e->tf32, W), vi = vec(e->ti32, W);
+  LLVMValueRef u = LLVMBuildBitCast(b, x, vi, "");
+  LLVMValueRef small = LLVMBuildICmp(b, LLVMIntULT, u, ci32(e, 0x0c800000), "");
+  LLVMValueRef xs = LLVMBuildSelect(b, small, LLVMBuildFMul(b, x, fbits(e, 0x57800000), ""), x, "");
+  LLVMValueRef y;
+  if (e->avx512) {
+    LLVMValueRef args[3] = {xs, LLVMConstNull(vf), LLVMConstInt(e->ti16, 0xffff, 0)};
+    y = call_intrinsic(e, "llvm.x86.avx512.rsqrt14.ps.512", NULL, 0, args, 3);
+  } else {
+    y = rsqrt14_emulated(e, xs);
+  }
+  LLVMValueRef s = LLVMBuildFMul(b, xs, y, "");
+  LLVMValueRef h = LLVMBuildFMul(b, cf32(e, 0.5f), y, "");
+  LLVMValueRef fe[3] = {LLVMBuildFNeg(b, s, ""), s, xs};
+  LLVMValueRef err = call_intrinsic(e, "llvm.fma", &vf, 1, fe, 3);
+  LLVMValueRef fr[3] = {err, h, s};
+  LLVMValueRef r = call_intrinsic(e, "llvm.fma", &vf, 1, fr, 3);
+  r = LLVMBuildSelect(b, small, LLVMBuildFMul(b, r, fbits(e, 0x33800000), ""), r, "");
+  LLVMValueRef mag = LLVMBuildAnd(b, u, ci32(e, 0x7fffffff), "");
+  LLVMValueRef neg = LLVMBuildICmp(b, LLVMIntSLT, u, ci32(e, 0), "");
+  r = LLVMBuildSelect(b, neg, fbits(e, 0x7fc00000), r, "");
+  LLVMValueRef keep = LLVMBuildOr(b, LLVMBuildICmp(b, LLVMIntEQ, mag, ci32(e, 0), ""),
+                                  LLVMBuildICmp(b, LLVMIntEQ, u, ci32(e, 0x7f800000), ""), "");
+  r = LLVMBuildSelect(b, keep, x, r, "");
+  LLVMValueRef quiet = LLVMBuildBitCast(b, LLVMBuildOr(b, u, ci32(e, 0x00400000), ""), vf, "");
+  return LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntUGT, mag, ci32(e, 0x7f800000), ""), quiet, r, "");
+}
+
 /* ---- per-type arithmetic ------------------------------------------------------------- */
 
 static LLVMValueRef to_f32(E *e, LLVMValueRef v, Type t) {
@@ -282,13 +363,19 @@ static LLVMValueRef arith(E *e, Op op, LLVMValueRef *a) {
     return LLVMBuildFSub(b, gt, lt, "");
   }
   case OP_LERP: {
-    /* torch.lerp: a + w*(b-a) when |w| < 0.5, else b - (b-a)*(1-w) */
+    /* torch's CPU lerp: fma(w, b-a, a) when |w| < 0.5, else fma(w-1, b-a, b) */
     LLVMValueRef d = LLVMBuildFSub(b, a[1], a[0], "");
-    LLVMValueRef lo = LLVMBuildFAdd(b, a[0], LLVMBuildFMul(b, a[2], d, ""), "");
-    LLVMValueRef hi = LLVMBuildFSub(b, a[1], LLVMBuildFMul(b, d, LLVMBuildFSub(b, fconst(vt, 1.0), a[2], ""), ""), "");
-    LLVMValueRef small = LLVMBuildFCmp(b, LLVMRealOLT, unary_intrinsic(e, "llvm.fabs", a[2]), fconst(vt, 0.5), "");
-    return LLVMBuildSelect(b, small, lo, hi, "");
+    LLVMValueRef small = LLVMBuildAnd(b, LLVMBuildFCmp(b, LLVMRealOLT, a[2], fconst(vt, 0.5), ""),
+                                      LLVMBuildFCmp(b, LLVMRealOGT, a[2], fconst(vt, -0.5), ""), "");
+    LLVMValueRef w = LLVMBuildSelect(b, small, a[2], LLVMBuildFSub(b, a[2], fconst(vt, 1.0), ""), "");
+    LLVMValueRef base = LLVMBuildSelect(b, small, a[0], a[1], "");
+    LLVMValueRef args[3] = {w, d, base};
+    return call_intrinsic(e, "llvm.fma", &vt, 1, args, 3);
   }
+  case OP_SQRT_MKL:
+    if (LLVMGetElementType(vt) == e->tf64)
+      return unary_intrinsic(e, "llvm.sqrt", a[0]); /* MKL's f64 sqrt is IEEE */
+    return sqrt_mkl(e, a[0]);
   default: unreachable();
   }
 }
@@ -349,6 +436,56 @@ static LLVMIntPredicate ipred(Op op) {
   }
 }
 
+/* tailpos, per chunk: the remainder regions of torch's loop ranges that
+ * this chunk can touch, as optc_tailpos computes them. A range holds at
+ * least OPTC_TORCH_GRAIN / 2 elements, more than a chunk, so a chunk meets
+ * at most two: the one holding its first element and the next. Each region
+ * is [t, e): offsets count from t. */
+static LLVMValueRef tail_regions(E *e, LLVMValueRef width, LLVMValueRef threads, LLVMValueRef numel) {
+  LLVMBuilderRef b = e->b;
+  LLVMTypeRef i64 = e->ti64;
+  LLVMValueRef one = LLVMConstInt(i64, 1, 0), grain = LLVMConstInt(i64, OPTC_TORCH_GRAIN, 0);
+  width = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, width, one, ""), one, width, "");
+  LLVMValueRef split = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSGT, threads, one, ""),
+                                    LLVMBuildICmp(b, LLVMIntSGE, numel, grain, ""), "");
+  LLVMValueRef ranges = LLVMBuildSDiv(b, LLVMBuildAdd(b, numel, LLVMConstInt(i64, OPTC_TORCH_GRAIN - 1, 0), ""),
+                                      grain, "");
+  ranges = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSGT, ranges, threads, ""), threads, ranges, "");
+  ranges = LLVMBuildSelect(b, split, ranges, one, "");
+  LLVMValueRef size = LLVMBuildSDiv(b, LLVMBuildSub(b, LLVMBuildAdd(b, numel, ranges, ""), one, ""), ranges, "");
+  size = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, size, one, ""), one, size, "");
+  LLVMValueRef r0 = LLVMBuildMul(b, LLVMBuildSDiv(b, e->start, size, ""), size, "");
+  LLVMValueRef v = LLVMGetUndef(vec(i64, 4));
+  for (int k = 0; k < 2; k++) {
+    LLVMValueRef lo = k == 0 ? r0 : LLVMBuildAdd(b, r0, size, "");
+    LLVMValueRef hi = LLVMBuildAdd(b, lo, size, "");
+    hi = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, hi, numel, ""), hi, numel, "");
+    hi = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, hi, lo, ""), lo, hi, "");
+    LLVMValueRef body = LLVMBuildAdd(b, lo, LLVMBuildMul(b, LLVMBuildSDiv(b, LLVMBuildSub(b, hi, lo, ""), width, ""),
+                                                        width, ""), "");
+    v = LLVMBuildInsertElement(b, v, body, LLVMConstInt(e->ti32, (unsigned)(2 * k), 0), "");
+    v = LLVMBuildInsertElement(b, v, hi, LLVMConstInt(e->ti32, (unsigned)(2 * k + 1), 0), "");
+  }
+  return v;
+}
+
+/* The element's offset into its remainder region, or -1, for W lanes. */
+static LLVMValueRef tailpos(E *e, LLVMValueRef regions) {
+  LLVMBuilderRef b = e->b;
+  LLVMValueRef lanes[W];
+  for (int i = 0; i < W; i++)
+    lanes[i] = LLVMConstInt(e->ti64, (unsigned long long)i, 0);
+  LLVMValueRef idx = LLVMBuildAdd(b, broadcast(e, LLVMBuildAdd(b, e->start, e->j, "")), LLVMConstVector(lanes, W), "");
+  LLVMValueRef r = splat_const(LLVMConstInt(e->ti64, (unsigned long long)-1, 1), W);
+  for (int k = 1; k >= 0; k--) {
+    LLVMValueRef t = broadcast(e, LLVMBuildExtractElement(b, regions, LLVMConstInt(e->ti32, (unsigned)(2 * k), 0), ""));
+    LLVMValueRef end = broadcast(e, LLVMBuildExtractElement(b, regions, LLVMConstInt(e->ti32, (unsigned)(2 * k + 1), 0), ""));
+    LLVMValueRef in = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSGE, idx, t, ""), LLVMBuildICmp(b, LLVMIntSLT, idx, end, ""), "");
+    r = LLVMBuildSelect(b, in, LLVMBuildSub(b, idx, t, ""), r, "");
+  }
+  return r;
+}
+
 /* One instruction of the element computation, as W lanes. */
 static LLVMValueRef emit_ins(E *e, Ref i) {
   const Ins *x = &e->g->ins[i];
@@ -402,6 +539,7 @@ static LLVMValueRef emit_ins(E *e, Ref i) {
     LLVMValueRef bits = sr_bits(e, e->srkey[i]);
     return t == TY_BF16 ? f32_to_bf16_sr(e, a[0], bits) : f32_to_f16_sr(e, a[0], bits);
   }
+  case TR_TAILPOS: return tailpos(e, e->tail[i]);
   default: unreachable();
   }
 }
@@ -573,12 +711,14 @@ static void emit_phase(E *e, int k) {
   LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, ci, nchunks, ""), chunk_body, exit);
 
   LLVMPositionBuilderAtEnd(b, chunk_body);
-  LLVMTypeRef chunk_t = LLVMStructTypeInContext(c, (LLVMTypeRef[]){e->ti32, e->ti32, e->ti64, e->ti64, e->ti64}, 5, 0);
+  LLVMTypeRef chunk_t =
+      LLVMStructTypeInContext(c, (LLVMTypeRef[]){e->ti32, e->ti32, e->ti64, e->ti64, e->ti64, e->ti64}, 6, 0);
   LLVMValueRef chp = LLVMBuildGEP2(b, chunk_t, chunks, &ci, 1, "");
   LLVMValueRef tensor = LLVMBuildLoad2(b, e->ti32, LLVMBuildStructGEP2(b, chunk_t, chp, 0, ""), "tensor");
   e->start = LLVMBuildLoad2(b, e->ti64, LLVMBuildStructGEP2(b, chunk_t, chp, 2, ""), "start");
   LLVMValueRef len = LLVMBuildLoad2(b, e->ti64, LLVMBuildStructGEP2(b, chunk_t, chp, 3, ""), "len");
   LLVMValueRef flat = LLVMBuildLoad2(b, e->ti64, LLVMBuildStructGEP2(b, chunk_t, chp, 4, ""), "flat");
+  LLVMValueRef numel = LLVMBuildLoad2(b, e->ti64, LLVMBuildStructGEP2(b, chunk_t, chp, 5, ""), "numel");
   for (int bi = 0; bi < g->nbufs; bi++) {
     LLVMValueRef idx = LLVMConstInt(e->ti64, (unsigned)bi, 0);
     LLVMValueRef base = LLVMBuildLoad2(b, e->tptr, LLVMBuildGEP2(b, e->tptr, bufs, &idx, 1, ""), "");
@@ -601,6 +741,8 @@ static void emit_phase(E *e, int k) {
     }
     if (x->op == OP_CVT_SR)
       e->srkey[i] = sr_key(e, e->scalar[x->args[1]], e->scalar[x->args[2]], tensor);
+    if (x->op == OP_TAILPOS)
+      e->tail[i] = tail_regions(e, e->scalar[x->args[0]], e->scalar[x->args[1]], numel);
   }
   LLVMBuildBr(b, vec_cond);
 
@@ -667,10 +809,10 @@ static void emit_phase(E *e, int k) {
   LLVMBuildRetVoid(b);
 }
 
-LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c) {
+LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *features) {
   const Plan *p = g->plan;
   ASSERT(p);
-  E e = {.c = c, .g = g};
+  E e = {.c = c, .g = g, .avx512 = features && strstr(features, "+avx512f")};
   e.m = LLVMModuleCreateWithNameInContext("optc", c);
   e.b = LLVMCreateBuilderInContext(c);
   e.tvoid = LLVMVoidTypeInContext(c);
@@ -687,8 +829,9 @@ LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c) {
   e.tscalar = calloc(n, sizeof(LLVMValueRef));
   e.splat = calloc(n, sizeof(LLVMValueRef));
   e.srkey = calloc(n, sizeof(LLVMValueRef));
+  e.tail = calloc(n, sizeof(LLVMValueRef));
   e.bufptr = calloc((size_t)g->nbufs + 1, sizeof(LLVMValueRef));
-  ASSERT(e.val && e.scalar && e.tscalar && e.splat && e.srkey && e.bufptr);
+  ASSERT(e.val && e.scalar && e.tscalar && e.splat && e.srkey && e.tail && e.bufptr);
   for (int k = 0; k < p->nphases; k++) {
     e.ph = &p->phases[k];
     emit_phase(&e, k);
@@ -698,6 +841,7 @@ LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c) {
   free(e.tscalar);
   free(e.splat);
   free(e.srkey);
+  free(e.tail);
   free(e.bufptr);
   LLVMDisposeBuilder(e.b);
   char *msg = NULL;

@@ -30,6 +30,18 @@ static const Component components[] = {
  * always runs its own fused kernel, so they are checked and set aside. */
 static const char *const impl_keys[] = {"foreach", "fused", "capturable", "differentiable"};
 
+TorchCpu torch_cpu_host(void) {
+  /* ATen's AVX512 capability needs F, BW, VL and DQ; MKL's AVX-512 code
+   * path comes with it */
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return TORCH_CPU_AVX512;
+  return TORCH_CPU_AVX2;
+}
+
+const char *torch_cpu_name(TorchCpu c) { return c == TORCH_CPU_AVX512 ? "avx512" : "avx2"; }
+
 static const BuiltinOptimizer *find_builtin(const char *name) {
   for (int i = 0; i < num_builtin_optimizers; i++)
     if (strcmp(builtin_optimizers[i].name, name) == 0)
@@ -100,6 +112,7 @@ static const KeySpec top_keys[] = {
     /* optc */
     {"optimizer_state_dtype", K_STR}, {"master_weights", K_BOOL}, {"stochastic_rounding", K_BOOL},
     {"nonfinite_grads", K_STR}, {"max_steps", K_INT_OR_NULL}, {"write_back_grads", K_BOOL},
+    {"torch_cpu", K_STR},
     {"save_every_n_steps", K_INT_OR_NULL},
 };
 
@@ -399,6 +412,30 @@ static bool parse_optimizer(Recipe *r, YamlNode *n) {
   }
   if (decoupled)
     body = "adamw";
+  /* foreach and fused choose torch's implementation. foreach gives the
+   * for-loop's bits; fused selects the fused kernel's own body. */
+  bool impl_on[2] = {false, false};
+  for (int k = 0; k < 2; k++) {
+    const char *key = k ? "fused" : "foreach";
+    const YamlNode *v = yaml_get(n, key);
+    char what[64];
+    snprintf(what, sizeof what, "optimizer.%s", key);
+    if (v && !yaml_is_null(v) && !yaml_bool(v, what, &impl_on[k]))
+      return false;
+  }
+  if (impl_on[0] && impl_on[1]) {
+    error_at(yaml_get(n, "fused")->pos, "optimizer.fused: `fused` and `foreach` cannot be `True` together (as in torch)");
+    return false;
+  }
+  r->fused = impl_on[1];
+  if (r->fused) {
+    const char *fb = arena_printf(r->arena, "%s_fused", body);
+    if (!find_builtin(fb)) {
+      error_at(yaml_get(n, "fused")->pos, "optimizer.fused: %s has no fused CPU kernel in torch", r->component);
+      return false;
+    }
+    body = fb;
+  }
   r->optimizer_name = body;
   Graph *g = load_body(body, r->arena);
   if (!g)
@@ -471,7 +508,7 @@ static bool parse_optimizer(Recipe *r, YamlNode *n) {
     return false;
   }
   /* torch.optim.SGD: "Nesterov momentum requires a momentum and zero dampening". */
-  if (strcmp(body, "sgd") == 0) {
+  if (strcmp(body, "sgd") == 0 || strcmp(body, "sgd_fused") == 0) {
     const YamlNode *nv = yaml_get(n, "nesterov");
     const Binding *bn = find_binding(r, "nesterov"), *bm = find_binding(r, "momentum"),
                   *bd = find_binding(r, "dampening");
@@ -640,6 +677,20 @@ Recipe *recipe_from_text(const char *name, const char *text, const char *const *
     }
     r->has_clip = true;
   }
+  r->torch_cpu = torch_cpu_host();
+  if ((v = yaml_get(root, "torch_cpu"))) {
+    const char *c;
+    if (!yaml_string(v, "torch_cpu", &c))
+      return NULL;
+    if (strcmp(c, "avx512") == 0)
+      r->torch_cpu = TORCH_CPU_AVX512;
+    else if (strcmp(c, "avx2") == 0)
+      r->torch_cpu = TORCH_CPU_AVX2;
+    else if (strcmp(c, "auto") != 0) {
+      error_at(v->pos, "torch_cpu: expected auto, avx512 or avx2, found '%s'", c);
+      return NULL;
+    }
+  }
   if ((v = yaml_get(root, "nonfinite_grads"))) {
     if (strcmp(v->str, "skip") == 0)
       r->nonfinite = NONFINITE_SKIP;
@@ -759,10 +810,12 @@ static Ref build_prelude(Builder *b) {
   Ref ws = input(b, "world_size", 1.0, at_least_one, NULL);
   Ref raw = named(b, ir_load(g, b->grad), "grad_in", NULL);
   Ref gf = gd == TY_F32 ? raw : named(b, ir_cvt(g, raw, TY_F32), "grad_f32", NULL);
-  /* torch: world_size / num_tokens on an int tensor divides in float32 */
+  /* torch: world_size / num_tokens, num_tokens an int64 tensor, is
+   * num_tokens.reciprocal() * world_size, in float32 */
   Ref ws32 = ir_cvt(g, ws, TY_F32);
   Ref nt32 = ir_cvt(g, nt, TY_F32);
-  Ref scale = named(b, ir_op2(g, OP_DIV, ws32, nt32), "grad_scale", NULL);
+  Ref rnt = ir_op2(g, OP_DIV, named(b, ir_const(g, TY_F32, 1.0), "one_f32", NULL), nt32);
+  Ref scale = named(b, ir_op2(g, OP_MUL, rnt, ws32), "grad_scale", NULL);
   Ref gs = named(b, ir_op2(g, OP_MUL, gf, scale), "grad_scaled", NULL);
   gs = as_held(b, gs, gd, r->has_clip ? "grad_scaled" : "grad");
   if (!r->has_clip)
@@ -774,12 +827,24 @@ static Ref build_prelude(Builder *b) {
         "# grad *= min(1, max_norm / (total + 1e-6)), as torch.nn.utils.clip_grad_norm_\n");
   Ref ss = named(b, ir_reduce(g, RED_SUMSQ, SCOPE_STEP, gs), "grad_sumsq", NULL);
   Ref total = named(b, ir_op1(g, OP_SQRT, ss), "grad_norm", NULL);
-  Ref tiny = named(b, ir_const(g, TY_F64, 1e-6), "clip_eps", NULL);
-  Ref den = ir_op2(g, OP_ADD, total, tiny);
-  Ref ratio = ir_op2(g, OP_DIV, mn, den);
-  Ref one = named(b, ir_const(g, TY_F64, 1.0), "one", NULL);
-  Ref coef = named(b, ir_op2(g, OP_MIN, ratio, one), "clip_coef", NULL);
-  Ref coef32 = ir_cvt(g, coef, TY_F32);
+  /* A total norm computed elsewhere (torch's own, in a test) replaces this
+   * one when it is given: non-negative. */
+  Ref given = input(b, "grad_norm_given", -1.0, (Range){0}, "  # < 0: use the norm computed here");
+  Ref zero = named(b, ir_const(g, TY_F64, 0.0), "zero", NULL);
+  Ref norm = named(b, ir_op3(g, OP_SELECT, ir_op2(g, OP_GE, given, zero), given, total), "total_norm", NULL);
+  /* torch's total_norm is a 0-dim tensor of the grads' dtype, and
+   * max_norm / (total_norm + 1e-6) is (total_norm + 1e-6).reciprocal() *
+   * max_norm: each op rounds to that dtype (1e-6 too, on a 16-bit tensor);
+   * the python float max_norm multiplies in f32. */
+  Type nd = gd == TY_F64 ? TY_F32 : gd;
+  Ref tn = ir_cvt(g, norm, nd);
+  Ref den = ir_op2(g, OP_ADD, tn, named(b, ir_const(g, nd, 1e-6), "clip_eps", NULL));
+  Ref rec = ir_op2(g, OP_DIV, named(b, ir_const(g, nd, 1.0), "one_norm", NULL), den);
+  Ref ratio32 = ir_op2(g, OP_MUL, nd == TY_F32 ? rec : ir_cvt(g, rec, TY_F32), ir_cvt(g, mn, TY_F32));
+  Ref ratio = nd == TY_F32 ? ratio32 : ir_cvt(g, ratio32, nd);
+  /* torch.clamp(clip_coef, max=1.0) */
+  Ref coef = named(b, ir_op2(g, OP_MIN, ratio, ir_const(g, nd, 1.0)), "clip_coef", NULL);
+  Ref coef32 = nd == TY_F32 ? coef : ir_cvt(g, coef, TY_F32);
   Ref gc = ir_op2(g, OP_MUL, gs, coef32);
   return as_held(b, gc, gd, "grad");
 }
@@ -922,6 +987,12 @@ static bool copy_body(Builder *b, const Graph *body, Ref grad) {
       g->ins[g->nins - 1].trail = x->trail ? arena_strdup(g->arena, x->trail) : NULL;
       continue;
     }
+    case OP_HOLD: {
+      const Buffer *bb = &body->bufs[x->buf];
+      out = ir_emit(g, OP_HOLD, (Type)x->type, 1, args);
+      g->ins[out].buf = bb->kind == BUF_PARAM && b->master >= 0 ? b->master : bufmap[x->buf];
+      break;
+    }
     case OP_INPUT: {
       const Binding *bd = find_binding(r, x->name);
       if (graph_find_value(g, x->name) != NOREF) {
@@ -955,6 +1026,23 @@ static bool copy_body(Builder *b, const Graph *body, Ref grad) {
   return true;
 }
 
+/* What the body's torch-build inputs and options are on r->torch_cpu:
+ *   mkl_sqrt        for-loop sqrt of f32 tensors: MKL's AVX-512 one
+ *   lowp            16-bit tensors: torch's 16-bit loops' scalar tails
+ *   torch_vec       elements per vector iteration of those loops (2 vectors)
+ *   fused_vec       a fused kernel leaves numel % fused_vec elements of each
+ *                   tensor to scalar code (on both builds)
+ * (tests/torch/probe_ops.py and probe_fused.py measured each, under
+ * ATEN_CPU_CAPABILITY=avx512 and avx2). */
+static void bind_torch_cpu(Recipe *r) {
+  bool avx512 = r->torch_cpu == TORCH_CPU_AVX512;
+  bool lowp = r->param_dtype == TY_BF16 || r->param_dtype == TY_F16;
+  bind(r, "mkl_sqrt", !r->fused && avx512 && r->state_dtype == TY_F32);
+  bind(r, "lowp", lowp);
+  bind(r, "torch_vec", avx512 ? 64 : 32);
+  bind(r, "fused_vec", lowp ? 16 : 8);
+}
+
 Graph *frontend_build(Recipe *r) {
   Graph *g = graph_new(r->arena);
   g->src = &r->src;
@@ -972,8 +1060,11 @@ Graph *frontend_build(Recipe *r) {
   ir_store(g, b.grad, r->grad_dtype == TY_F32 ? grad : ir_cvt(g, grad, r->grad_dtype));
   g->ins[g->nins - 1].lead = arena_strdup(g->arena, "# p.grad holds the scaled grads afterwards, as in torch\n");
   g->bufs[b.grad].writeback = r->write_back_grads;
+  bind_torch_cpu(r);
   if (!copy_body(&b, optir_specialize(r->body, r->bindings, r->nbindings, r->arena), grad))
     return NULL;
+  /* torch's for-loop rounds where the body holds; its fused kernels never */
+  ir_lower_holds(g, !r->fused);
   pass_dce(g);
   if (!ir_verify(g))
     return NULL;

@@ -39,6 +39,13 @@ typedef struct {
 
 typedef enum { NONFINITE_SKIP, NONFINITE_ERROR } NonfiniteMode;
 
+/* The torch CPU build whose bits a step reproduces: which kernels torch
+ * dispatches to (ATen's CPU capability) and which sqrt its MKL computes.
+ * `torch_cpu: auto` (the default) is what torch picks on this machine. */
+typedef enum { TORCH_CPU_AVX512, TORCH_CPU_AVX2 } TorchCpu;
+TorchCpu torch_cpu_host(void);
+const char *torch_cpu_name(TorchCpu c);
+
 /* The Llama 4 text decoder's dimensions, with torchtune's builder names. */
 typedef struct {
   const char *component;
@@ -86,6 +93,8 @@ typedef struct {
   bool has_seed;
   bool shuffle, fsdp_cpu_offload;
   bool write_back_grads; /* optc key: keep scaled/clipped grads in memory */
+  bool fused;            /* optimizer.fused: torch's fused=True kernel's bits, else its for-loop's */
+  TorchCpu torch_cpu;    /* optc key torch_cpu */
   CompileFlags compile;
   NonfiniteMode nonfinite;
   bool has_model;

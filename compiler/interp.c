@@ -106,10 +106,6 @@ static V convert(V a, Type from, Type to) {
   return v;
 }
 
-/* torch.lerp: a + w*(b-a) when |w| < 0.5, else b - (b-a)*(1-w). */
-static float lerpf(float a, float b, float w) { return fabsf(w) < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w); }
-static double lerpd(double a, double b, double w) { return fabs(w) < 0.5 ? a + w * (b - a) : b - (b - a) * (1.0 - w); }
-
 /* torch.maximum / torch.minimum: NaN-propagating, else std::max / std::min. */
 static float maxf_(float a, float b) { return a != a ? a : b != b ? b : (a < b ? b : a); }
 static float minf_(float a, float b) { return a != a ? a : b != b ? b : (b < a ? b : a); }
@@ -133,7 +129,8 @@ static float arith_f(Op op, float a, float b, float c) {
   case OP_EXP: return expf(a);
   case OP_LOG: return logf(a);
   case OP_FMA: return fmaf(a, b, c);
-  case OP_LERP: return lerpf(a, b, c);
+  case OP_LERP: return optc_lerpf(a, b, c);
+  case OP_SQRT_MKL: return optc_sqrt_mkl_f32(a);
   default: unreachable();
   }
 }
@@ -155,7 +152,8 @@ static double arith_d(Op op, double a, double b, double c) {
   case OP_EXP: return exp(a);
   case OP_LOG: return log(a);
   case OP_FMA: return fma(a, b, c);
-  case OP_LERP: return lerpd(a, b, c);
+  case OP_LERP: return optc_lerpd(a, b, c);
+  case OP_SQRT_MKL: return sqrt(a); /* MKL's f64 sqrt is IEEE */
   default: unreachable();
   }
 }
@@ -172,12 +170,13 @@ static bool compare(Op op, double a, double b) {
   }
 }
 
-/* The element a value reads: its tensor and index, for loads and for the
- * stochastic-rounding hash. */
+/* The element a value reads: its tensor and index, for loads, for the
+ * stochastic-rounding hash and for tailpos. */
 typedef struct {
   int tensor;
   int64_t index; /* within the tensor */
   int64_t flat;  /* in the flat buffers */
+  int64_t numel; /* the tensor's elements */
 } Where;
 
 static V load(const Interp *in, const Ins *x, Where w) {
@@ -245,6 +244,9 @@ static V eval_op(Op op, Type t, const V *a, const Type *at, Where w) {
     v.h = t == TY_BF16 ? optc_f32_to_bf16_sr(a[0].f, bits) : optc_f32_to_f16_sr(a[0].f, bits);
     return v;
   }
+  case TR_TAILPOS:
+    v.i = optc_tailpos(w.index, w.numel, a[0].i, a[1].i);
+    return v;
   default: unreachable();
   }
 }
@@ -261,12 +263,12 @@ static V eval(const Interp *in, Ref i, Where w) {
   return eval_op((Op)x->op, (Type)x->type, a, at, w);
 }
 
-Scalar interp_apply(const Graph *g, Ref i, const Scalar *args, int tensor, int64_t index) {
+Scalar interp_apply(const Graph *g, Ref i, const Scalar *args, int tensor, int64_t index, int64_t numel) {
   const Ins *x = &g->ins[i];
   Type at[3] = {TY_VOID, TY_VOID, TY_VOID};
   for (int k = 0; k < op_info[x->op].nargs; k++)
     at[k] = (Type)g->ins[x->args[k]].type;
-  return eval_op((Op)x->op, (Type)x->type, args, at, (Where){.tensor = tensor, .index = index});
+  return eval_op((Op)x->op, (Type)x->type, args, at, (Where){.tensor = tensor, .index = index, .numel = numel});
 }
 
 Scalar interp_scalar_from_double(double d, Type t) {
@@ -350,7 +352,7 @@ static void sweep(Interp *in, int s, Ref r, bool final) {
     for (int k = 0; k < OPTC_REDUCE_LANES; k++)
       lanes[k] = red_init(rk);
     for (int64_t e = 0; e < ch->len; e++) {
-      Where w = {ch->tensor, ch->start + e, ch->flat + e};
+      Where w = {ch->tensor, ch->start + e, ch->flat + e, l->numel[ch->tensor]};
       for (int i = 0; i < g->nins; i++) {
         const Ins *x = &g->ins[i];
         if (x->scope != SCOPE_ELEM || in->stage[i] > s)
@@ -539,7 +541,7 @@ void interp_eval_steps(const Graph *g, Ref lo, Ref hi, const double *inputs, Sca
       Scalar a[3] = {{0}};
       for (int k = 0; k < op_info[x->op].nargs; k++)
         a[k] = step[x->args[k]];
-      step[i] = interp_apply(g, i, a, 0, 0);
+      step[i] = interp_apply(g, i, a, 0, 0, 0);
     }
   }
 }

@@ -248,6 +248,49 @@ void graph_permute(Graph *g, const Ref *order) {
   }
 }
 
+void ir_lower_holds(Graph *g, bool keep) {
+  int extra = 0;
+  for (int i = 0; i < g->nins; i++)
+    extra += g->ins[i].op == OP_HOLD;
+  if (extra == 0)
+    return;
+  int cap = g->nins + extra + 1;
+  Ins *out = arena_alloc(g->arena, sizeof(Ins) * (size_t)cap);
+  Ref *map = arena_alloc(g->arena, sizeof(Ref) * (size_t)(g->nins + 1));
+  const char *lead = NULL; /* the comment above a dropped hold goes to the next line */
+  int n = 0;
+  for (int i = 0; i < g->nins; i++) {
+    Ins x = g->ins[i];
+    for (int k = 0; k < op_info[x.op].nargs; k++)
+      x.args[k] = map[x.args[k]];
+    if (x.dep != NOREF)
+      x.dep = map[x.dep];
+    if (lead && !x.lead)
+      x.lead = lead;
+    lead = NULL;
+    if (x.op == OP_HOLD) {
+      Type bt = (Type)g->bufs[x.buf].type;
+      if (!keep || type_size(bt) >= type_size((Type)x.type)) {
+        map[i] = x.args[0];
+        lead = x.lead;
+        continue;
+      }
+      /* round to the buffer's dtype, then widen back */
+      out[n] = (Ins){.op = OP_CVT, .type = (uint8_t)bt, .scope = x.scope, .seg = x.seg, .buf = -1,
+                     .dep = NOREF, .args = {x.args[0], NOREF, NOREF}, .pos = x.pos, .lead = x.lead};
+      x.lead = NULL;
+      x.op = OP_CVT;
+      x.args[0] = n++;
+      x.buf = -1;
+    }
+    map[i] = n;
+    out[n++] = x;
+  }
+  g->ins = out;
+  g->nins = n;
+  g->capins = cap;
+}
+
 void ir_infer_scopes(Graph *g) {
   for (int i = 0; i < g->nins; i++) {
     Ins *x = &g->ins[i];

@@ -29,7 +29,7 @@ typedef enum {
 } Op;
 
 typedef enum { TR_LEAF, TR_LOAD, TR_STORE, TR_ARITH, TR_CMP, TR_TEST, TR_LOGIC, TR_SELECT,
-               TR_CVT, TR_CVTSR, TR_REDUCE } TypeRule;
+               TR_CVT, TR_CVTSR, TR_REDUCE, TR_HOLD, TR_TAILPOS } TypeRule;
 typedef enum { SR_STEP, SR_ELEM, SR_WIDEST, SR_REDUCE } ScopeRule;
 enum { F_COMMUTE = 1, F_FOLD = 2, F_SIDE = 4, F_TRANSC = 8 };
 
@@ -86,7 +86,7 @@ typedef struct {
   int16_t seg;    /* -1, or after partition: 2k = step scalars before phase k,
                      2k+1 = the element loop of phase k */
   Ref args[3];
-  int buf;        /* LOAD/STORE: index into Graph.bufs */
+  int buf;        /* LOAD/STORE/HOLD: index into Graph.bufs */
   double imm;     /* CONST value; INPUT default; OPTION literal */
   Range range;    /* INPUT */
   Ref dep;        /* OPTION nonzero(%x): the input x */
@@ -141,6 +141,10 @@ void graph_compact(Graph *g, const bool *keep);
 /* Reorders the instructions by order[] (a permutation, new index -> old index),
  * renumbering refs. Operands must still come before their users. */
 void graph_permute(Graph *g, const Ref *order);
+/* Lowers every hold: with keep, a hold in a narrower buffer becomes a
+ * rounding to the buffer's dtype and back (torch's for-loop semantics), and
+ * any other hold is its operand; without keep, every hold is its operand. */
+void ir_lower_holds(Graph *g, bool keep);
 /* Recomputes every value's scope from its operands. */
 void ir_infer_scopes(Graph *g);
 

@@ -79,7 +79,7 @@ static LLVMTargetMachineRef make_tm(const Target *t) {
 static LLVMModuleRef build(const Graph *g, LLVMContextRef c, LLVMTargetMachineRef tm, const Target *t, bool optimize,
                            CompileTimes *times) {
   double t0 = now_seconds();
-  LLVMModuleRef m = llvm_emit_module(g, c);
+  LLVMModuleRef m = llvm_emit_module(g, c, t->features);
   LLVMSetTarget(m, t->triple);
   LLVMTargetDataRef dl = LLVMCreateTargetDataLayout(tm);
   char *dls = LLVMCopyStringRepOfTargetData(dl);

@@ -41,7 +41,8 @@ void layout_restrict(GroupLayout *l, int64_t lo, int64_t hi) {
         int64_t b = MIN(e, block_end);
         if (pass == 1)
           l->chunks[k] = (Chunk){.tensor = t, .block = (int32_t)(a / OPTC_REDUCE_BLOCK),
-                                 .start = a - l->offset[t], .len = b - a, .flat = a};
+                                 .start = a - l->offset[t], .len = b - a, .flat = a,
+                                 .numel = l->numel[t]};
         k++;
         a = b;
       }

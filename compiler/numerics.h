@@ -13,17 +13,28 @@
  * - Stochastic rounding rounds |x| up to the next representable magnitude
  *   with probability (|x| - trunc(|x|)) / ulp, from 32 bits of a
  *   counter-based hash of (seed, step, tensor index, element index).
+ *
+ * torch's own arithmetic, where it is not one IEEE op (tests/torch/probe_ops.py
+ * found each of these by running torch):
+ * - lerp: torch's CPU lerp is one fused multiply-add, in its vector loops
+ *   and its scalar tails alike.
+ * - sqrt_mkl: torch's f32 tensor sqrt is MKL's, which on AVX-512 is not
+ *   correctly rounded (numerics_mkl.h).
+ * - tailpos: where torch's CPU loops leave an element to scalar code, which
+ *   for some ops on bf16 and f16 rounds differently from the vector code.
  */
 #ifndef OPTC_NUMERICS_H
 #define OPTC_NUMERICS_H
 
 #ifndef __CUDACC_RTC__
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #else /* NVRTC has no <stdint.h> */
 typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
+typedef long long int64_t;
 #endif
 
 #ifdef __CUDACC__
@@ -120,6 +131,48 @@ OPTC_FN uint16_t optc_f32_to_f16(float f) {
     return (uint16_t)(sign | optc_f16_subnormal_rne(ax));
   ax += 0xfffu + ((ax >> 13) & 1u);
   return (uint16_t)(sign | ((ax - (112u << 23)) >> 13));
+}
+
+/* ---- torch's sqrt of an f32 tensor on AVX-512: MKL's ------------------------- */
+#include "numerics_mkl.h"
+
+/* ---- torch's lerp ---------------------------------------------------------- */
+/* torch.lerp(a, b, w) on the CPU: a + w*(b - a) when |w| < 0.5, else
+ * b - (b - a)*(1 - w), each one fused multiply-add (the second as
+ * fma(w - 1, b - a, b)). */
+OPTC_FN float optc_lerpf(float a, float b, float w) {
+  float d = b - a;
+  return (w < 0.5f && w > -0.5f) ? fmaf(w, d, a) : fmaf(w - 1.0f, d, b);
+}
+
+OPTC_FN double optc_lerpd(double a, double b, double w) {
+  double d = b - a;
+  return (w < 0.5 && w > -0.5) ? fma(w, d, a) : fma(w - 1.0, d, b);
+}
+
+/* ---- torch's CPU loops --------------------------------------------------------
+ * An elementwise op on a contiguous tensor of n elements runs, in torch,
+ * over `threads` ranges when n >= OPTC_TORCH_GRAIN (at::parallel_for:
+ * min(threads, ceil(n / grain)) ranges of ceil(n / ranges) elements), each
+ * range in vector iterations of `width` elements and then a scalar
+ * remainder (TensorIterator's vectorized_loop). Returns element i's offset
+ * into its range's remainder, or -1 when a vector iteration computes it. */
+#define OPTC_TORCH_GRAIN 32768
+
+OPTC_FN int64_t optc_tailpos(int64_t i, int64_t n, int64_t width, int64_t threads) {
+  int64_t b = 0, e = n;
+  if (threads > 1 && n >= OPTC_TORCH_GRAIN) {
+    int64_t ranges = (n + OPTC_TORCH_GRAIN - 1) / OPTC_TORCH_GRAIN;
+    if (ranges > threads)
+      ranges = threads;
+    int64_t size = (n + ranges - 1) / ranges;
+    b = i / size * size;
+    e = b + size < n ? b + size : n;
+  }
+  if (width < 1)
+    width = 1;
+  int64_t body = b + (e - b) / width * width;
+  return i < body ? -1 : i - body;
 }
 
 /* ---- the stochastic-rounding hash ---------------------------------------- */

@@ -418,6 +418,24 @@ static bool parse_insn(Parser *ps, const char *lead) {
       return false;
     break;
   }
+  case OP_HOLD: {
+    /* hold %x, @buf */
+    if (!parse_operand(ps, &x.args[0]) || !expect(ps, ","))
+      return false;
+    if (ps->tok.kind != T_BUFFER) {
+      perr(ps, ps->tok.off, "expected the buffer whose dtype holds the value, like @exp_avg, found %s",
+           tok_desc(ps));
+      return false;
+    }
+    char *bname = tok_str(ps);
+    x.buf = graph_find_buffer(g, bname);
+    if (x.buf < 0) {
+      perr(ps, ps->tok.off, "hold in undeclared buffer '@%s'", bname);
+      return false;
+    }
+    next(ps);
+    break;
+  }
   case OP_REDUCE: {
     bool found = false;
     for (int k = 0; k < NUM_REDS; k++) {

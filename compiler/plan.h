@@ -16,6 +16,7 @@ typedef struct {
   int64_t start;  /* first element, counted within the tensor */
   int64_t len;    /* 1 .. OPTC_REDUCE_BLOCK elements */
   int64_t flat;   /* first element's index in the flat buffers */
+  int64_t numel;  /* the tensor's elements (tailpos reads it) */
 } Chunk;
 
 typedef struct {
@@ -91,12 +92,12 @@ int interp_step(const Graph *g, const GroupLayout *l, void *const *bufs, const S
 /* Folds instruction i when its operands are all constants, computing
  * exactly as a step would; false when it cannot. */
 bool interp_fold(const Graph *g, Ref i, double *out);
-/* Computes instruction i (an arithmetic, logic, select or conversion op) on
- * operand values `args`, for element `index` of `tensor` (which only
- * stochastic rounding reads). Other executors use it where they have no
- * faster loop of their own, so they agree with the interpreter by
- * construction. */
-Scalar interp_apply(const Graph *g, Ref i, const Scalar *args, int tensor, int64_t index);
+/* Computes instruction i (an arithmetic, logic, select, conversion or
+ * tailpos op) on operand values `args`, for element `index` of `tensor`, of
+ * `numel` elements (which only stochastic rounding and tailpos read). Other
+ * executors use it where they have no faster loop of their own, so they
+ * agree with the interpreter by construction. */
+Scalar interp_apply(const Graph *g, Ref i, const Scalar *args, int tensor, int64_t index, int64_t numel);
 /* Evaluates the step-scope values among instructions [lo, hi) into
  * step[], in order: what the host computes between phases (^stepK). */
 void interp_eval_steps(const Graph *g, Ref lo, Ref hi, const double *inputs, Scalar *step);

@@ -101,6 +101,7 @@ static void print_ins(const Graph *g, const char **names, Ref i, Buf *out) {
     break;
   case OP_LOAD: buf_printf(out, " @%s", g->bufs[x->buf].name); break;
   case OP_STORE: buf_printf(out, " @%s, %%%s", g->bufs[x->buf].name, names[x->args[0]]); break;
+  case OP_HOLD: buf_printf(out, " %%%s, @%s", names[x->args[0]], g->bufs[x->buf].name); break;
   case OP_REDUCE:
     buf_printf(out, " %s %%%s to %s", red_names[x->red], names[x->args[0]], scope_names[x->to]);
     break;

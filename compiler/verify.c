@@ -130,6 +130,17 @@ static bool check_types(Verifier *v, Ref i) {
     if (ty(v, a[1]) != TY_I64 || ty(v, a[2]) != TY_I64)
       return fail(v, i, "'cvt_sr' takes an i64 seed and an i64 step after the value");
     return true;
+  case TR_HOLD:
+    if (x->buf < 0 || x->buf >= g->nbufs)
+      return fail(v, i, "hold in an undeclared buffer");
+    if (!type_is_float(t) || ty(v, a[0]) != t)
+      return fail(v, i, "'hold' keeps a float's type; %s is %s and the result %s", vname(v, a[0]),
+                  type_names[ty(v, a[0])], type_names[t]);
+    return true;
+  case TR_TAILPOS:
+    if (t != TY_I64 || ty(v, a[0]) != TY_I64 || ty(v, a[1]) != TY_I64)
+      return fail(v, i, "'tailpos' takes an i64 vector width and an i64 thread count and gives an i64");
+    return true;
   case TR_REDUCE:
     if (t != TY_F64)
       return fail(v, i, "a reduction accumulates in f64; its result type is f64, not %s", type_names[t]);

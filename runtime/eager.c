@@ -216,16 +216,21 @@ static bool fast_f32(Op op, float *o, Operand A, Operand B, Operand C, int64_t n
   case OP_ABS: if (!A.p) return false; UN_F32(fabsf(x)); return true;
   case OP_SQRT: if (!A.p) return false; UN_F32(sqrtf(x)); return true;
   case OP_SIGN: if (!A.p) return false; UN_F32((float)((0.0f < x) - (x < 0.0f))); return true;
+  case OP_SQRT_MKL: if (!A.p) return false; UN_F32(optc_sqrt_mkl_f32(x)); return true;
+  case OP_FMA: {
+    if (!A.p || !B.p || !C.p)
+      return false;
+    const float *a = A.p, *b = B.p, *c = C.p;
+    for (int64_t i = 0; i < n; i++) o[i] = fmaf(a[i], b[i], c[i]);
+    return true;
+  }
   case OP_LERP: {
     /* torch.lerp with a scalar weight, both ends tensors */
     if (!A.p || !B.p || C.p)
       return false;
     const float *a = A.p, *b = B.p;
     float w = C.s.f;
-    if (fabsf(w) < 0.5f)
-      for (int64_t i = 0; i < n; i++) o[i] = a[i] + w * (b[i] - a[i]);
-    else
-      for (int64_t i = 0; i < n; i++) o[i] = b[i] - (b[i] - a[i]) * (1.0f - w);
+    for (int64_t i = 0; i < n; i++) o[i] = optc_lerpf(a[i], b[i], w);
     return true;
   }
   default: return false;
@@ -309,7 +314,7 @@ static void run_op_range(Eager *e, Ref i, void *o, const Piece *pc, int64_t lo, 
   for (int64_t k = 0; k < n; k++) {
     for (int j = 0; j < op_info[x->op].nargs; j++)
       args[j] = at(a[j], k);
-    put(out, t, k, interp_apply(e->g, i, args, pc->tensor, pc->start + lo + k));
+    put(out, t, k, interp_apply(e->g, i, args, pc->tensor, pc->start + lo + k, e->l->numel[pc->tensor]));
   }
 }
 
@@ -395,7 +400,7 @@ static void eval_step_values(Eager *e, int stage) {
       Scalar args[3];
       for (int k = 0; k < op_info[x->op].nargs; k++)
         args[k] = e->step[x->args[k]];
-      e->step[i] = interp_apply(g, i, args, 0, 0);
+      e->step[i] = interp_apply(g, i, args, 0, 0, 0);
     }
   }
 }

@@ -243,7 +243,7 @@ double cuda_copy_ms(CudaPtr dst, CudaPtr src, size_t bytes, int reps) {
 
 /* ---- the executor ------------------------------------------------------------------------- */
 
-_Static_assert(sizeof(Chunk) == 32 && sizeof(Scalar) == 8, "OptcChunk and OptcScalar in emit_cuda.c mirror these");
+_Static_assert(sizeof(Chunk) == 40 && sizeof(Scalar) == 8, "OptcChunk and OptcScalar in emit_cuda.c mirror these");
 
 /* One launch covers at most this many chunks; more go in several. */
 enum { MAX_GRID = 1 << 30 };

@@ -398,7 +398,8 @@ static void test_index64(const Case *c) {
   }
   int64_t numel = START + N;
   GroupLayout l = {.ntensors = 1, .numel = &numel, .offset = (int64_t[]){FLAT - START}, .total = FLAT + N + 16};
-  Chunk chunks[1] = {{.tensor = 0, .block = (int32_t)(FLAT / OPTC_REDUCE_BLOCK), .start = START, .len = N, .flat = FLAT}};
+  Chunk chunks[1] = {{.tensor = 0, .block = (int32_t)(FLAT / OPTC_REDUCE_BLOCK), .start = START, .len = N, .flat = FLAT,
+                        .numel = START + N}};
   l.chunks = chunks;
   l.nchunks = 1;
   double *vals = step1_inputs(g, false);

@@ -9,6 +9,8 @@
  *   cvt x : T (x is T)    -> x
  *   and/or with a constant
  *   store @b, (load @b)   -> nothing: the buffer keeps its bytes
+ *   hold x, @b            -> cvt (cvt x : b's dtype) : x's type, when b is narrower;
+ *                            else x (a graph from the front end has none left)
  * Commutative ops get their constant operand second, so that CSE sees
  * x*c and c*x as one value. Values made dead stay for DCE. */
 #include "../passes.h"
@@ -102,6 +104,7 @@ static Ref simplify(Graph *g, Ref i) {
 }
 
 static bool run(Graph *g) {
+  ir_lower_holds(g, true);
   bool *keep = arena_alloc(g->arena, (size_t)g->nins + 1);
   for (int i = 0; i < g->nins; i++) {
     Ins *x = &g->ins[i];
