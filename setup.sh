@@ -11,7 +11,7 @@ cd "$(dirname "$0")"
 
 PKGS=(gcc g++ pkg-config python3 meson ninja-build
       llvm-19-dev llvm-19-tools libyaml-dev libjansson-dev
-      libopenmpi-dev openmpi-bin libopenblas-dev gnuplot-nox)
+      libopenmpi-dev openmpi-bin libopenblas-dev gnuplot-nox libpcre2-dev)
 
 missing=()
 for p in "${PKGS[@]}"; do
