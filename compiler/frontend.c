@@ -874,6 +874,16 @@ static void resolve_options(Graph *g) {
     } else if ((x->op == OP_AND || x->op == OP_OR) && a0->op == OP_CONST && a1->op == OP_CONST) {
       x->imm = x->op == OP_AND ? (a0->imm != 0 && a1->imm != 0) : (a0->imm != 0 || a1->imm != 0);
       x->op = OP_CONST, x->args[0] = x->args[1] = NOREF;
+    } else if ((x->op == OP_AND || x->op == OP_OR) && (a0->op == OP_CONST || a1->op == OP_CONST)) {
+      /* false and x, true or x: the constant decides; else x decides */
+      const Ins *c = a0->op == OP_CONST ? a0 : a1;
+      Ref other = a0->op == OP_CONST ? x->args[1] : x->args[0];
+      if ((c->imm != 0) == (x->op == OP_OR)) {
+        x->imm = c->imm != 0;
+        x->op = OP_CONST, x->args[0] = x->args[1] = NOREF;
+      } else {
+        ir_replace_uses(g, i, other, i + 1);
+      }
     }
   }
   bool *keep = arena_alloc(g->arena, (size_t)g->nins + 1);
@@ -1028,8 +1038,8 @@ static bool copy_body(Builder *b, const Graph *body, Ref grad) {
 
 /* What the body's torch-build inputs and options are on r->torch_cpu:
  *   mkl_sqrt        for-loop sqrt of f32 tensors: MKL's AVX-512 one
- *   lowp            16-bit tensors: torch's 16-bit loops' scalar tails
- *   torch_vec       elements per vector iteration of those loops (2 vectors)
+ *   lowp            16-bit tensors: the scalar tails of torch's 16-bit loops
+ *                   (every 32 elements on both builds: torch_vec's default)
  *   fused_vec       a fused kernel leaves numel % fused_vec elements of each
  *                   tensor to scalar code (on both builds)
  * (tests/torch/probe_ops.py and probe_fused.py measured each, under
@@ -1039,7 +1049,6 @@ static void bind_torch_cpu(Recipe *r) {
   bool lowp = r->param_dtype == TY_BF16 || r->param_dtype == TY_F16;
   bind(r, "mkl_sqrt", !r->fused && avx512 && r->state_dtype == TY_F32);
   bind(r, "lowp", lowp);
-  bind(r, "torch_vec", avx512 ? 64 : 32);
   bind(r, "fused_vec", lowp ? 16 : 8);
 }
 

@@ -64,15 +64,21 @@
  *   chosen near cancellation, halfway cases and subnormal results.
  * tests/torch/probe_sqrt.py repeats the first two (--all for all inputs).
  *
- * torch's sqrt with MKL_ENABLE_INSTRUCTIONS set:
- * - AVX2: IEEE sqrt (all of [1, 4) checked).
- * - SSE4_2: no FMA, and rsqrtps (12 bits, not specified bit for bit; AMD
- *   and Intel differ) instead of rsqrt14. On [1, 4) (all 2^24 inputs) and
- *   on 2^24 random normals it is exactly, each op rounded to f32:
- *     y = rsqrtps(x); s = x*y; h = 0.5f*y; e = 0.5f - s*h;
- *     s1 = s + s*e; h1 = h + h*e; d = x - s1*s1; r = s1 + d*h1
- *   and is within 1 ulp of IEEE, differing on 17% of inputs. Subnormals
- *   and x >= 0x7f7ff001 give IEEE sqrt there. Not reproduced here.
+ * torch's sqrt with MKL_ENABLE_INSTRUCTIONS set (same special cases and
+ * NaNs as above; not reproduced here, since both start from rsqrtps, whose
+ * 12-bit result is not specified bit for bit and differs between vendors):
+ * - AVX2: IEEE sqrt on subnormals and on [2^-104, FLT_MAX] (all inputs
+ *   checked), but not on [2^-126, 2^-104), where 1887413 inputs are 1 ulp
+ *   off. It computes, as checked on all of [1, 4) and on every third
+ *   positive normal (7.1e8 inputs):
+ *     y = rsqrtps(x); s = x*y; h = 0.5f*y; e = fma(-s, h, 0.5f);
+ *     s1 = fma(s, e, s); h1 = fma(h, e, h); d = fma(-s1, s1, x);
+ *     r = fma(d, h1, s1)
+ *   presumably off for tiny x because its residual d underflows.
+ * - SSE4_2: the same sequence with every product and sum rounded apart
+ *   (no FMA), 1 ulp off IEEE on 17% of [1, 4); checked on all of [1, 4)
+ *   and on 2^24 random inputs in [2^-100, 0x7f7ff000]. Subnormals and
+ *   x >= 0x7f7ff001 get IEEE sqrt; normals below 2^-100 were not studied.
  */
 #ifndef OPTC_NUMERICS_MKL_H
 #define OPTC_NUMERICS_MKL_H

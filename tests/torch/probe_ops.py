@@ -12,15 +12,16 @@ prints, per op and dtype, which candidates give torch's bits on every
 element, separately for
 
   * the vector body: elements that torch's vectorized loop computes, and
-  * the tail: elements left over at the end of an inner loop, which
-    torch's CPU loops compute with scalar code.
+  * the tail: elements left over at the end of an inner loop, in
+    contiguous tensors (what an optimizer has), and in the rows of a
+    strided tensor, which torch's CPU loops compute with scalar code.
 
-Rows of r elements are made non-contiguous views (a (k, r) slice of a
-(k, r + 1) tensor) so that every row is one inner loop: its first
-floor(r / 2V) * 2V elements are the body and the rest the tail, where V
-is the vector width (torch's loops run two vectors per iteration).
-Rows of 7 and 29 elements are all tail for every vector width; rows of
-1024 all body. The formulas are named in the IR's vocabulary: fma(a, b, c)
+Each row of r elements is its own contiguous tensor, or a row of a
+non-contiguous view (a (k, r) slice of a (k, r + 1) tensor), which makes
+every row one inner loop: its first floor(r / 2V) * 2V elements are the
+body and the rest the tail, where V is the vector width (torch's loops
+run two vectors per iteration). Rows of 7 and 29 elements are all tail
+for every vector width; rows of 1024 all body. The formulas are named in the IR's vocabulary: fma(a, b, c)
 is a*b + c rounded once; every other op rounds to f32 once; for bf16 and
 fp16 the inputs are widened to f32 and the result rounded once to the
 dtype, unless the candidate says "rounds x" where it rounds in between.
@@ -239,12 +240,15 @@ def reciprocal_then_mul(x, s, dtype):
 
 # ---- running --------------------------------------------------------------------------------
 
-def run_case(o, dtype, rng, rows, r, svals, vwidth):
+def run_case(o, dtype, rng, rows, r, svals, vwidth, strided):
     x, t = {}, {}
     for nm, kw in o["inputs"].items():
         rr = Rows(rng, rows, r, dtype, **kw)
         x[nm], t[nm] = rr.np, rr.t
-    got = o["call"](t, svals)
+    if strided:
+        got = o["call"](t, svals)
+    else:  # each row its own contiguous tensor, as an optimizer's are
+        got = torch.stack([o["call"]({k: v[i].contiguous() for k, v in t.items()}, svals) for i in range(rows)])
     got = got.float().numpy().astype(F32)
     body = body_mask(rows, r, vwidth)
     res = {}
@@ -304,30 +308,38 @@ def main():
             for k in keys:
                 combos = [dict(c, **{k: v}) for c in combos for v in o["scalars"][k]]
             agg = {}
-            for sv in combos:
-                for r in (7, 29, 4 * vw + 3, 1024):
-                    rows = max(1, n_big // r) if dtype != "fp32" else max(1, n_big // (4 * r))
-                    res = run_case(o, dtype, rng, rows, r, sv, vw)
-                    for c, (bok, bn, tok, tn) in res.items():
-                        a = agg.setdefault(c, [True, 0, True, 0])
-                        a[0] &= bok or bn == 0
-                        a[1] += bn
-                        a[2] &= tok or tn == 0
-                        a[3] += tn
+            for strided in (False, True):
+                for sv in combos:
+                    for r in (7, 29, 4 * vw + 3, 1024):
+                        rows = max(1, n_big // r) if dtype != "fp32" else max(1, n_big // (4 * r))
+                        if not strided:
+                            rows = max(1, rows // 8)  # one torch call per row
+                        res = run_case(o, dtype, rng, rows, r, sv, vw, strided)
+                        for c, (bok, bn, tok, tn) in res.items():
+                            a = agg.setdefault(c, [True, 0, True, 0, True, 0])
+                            a[0] &= bok or bn == 0
+                            a[1] += bn
+                            k = 4 if strided else 2
+                            a[k] &= tok or tn == 0
+                            a[k + 1] += tn
             body = [c for c, a in agg.items() if a[0]]
             tail = [c for c, a in agg.items() if a[2]]
+            stail = [c for c, a in agg.items() if a[4]]
             nb = max(a[1] for a in agg.values())
             nt = max(a[3] for a in agg.values())
-            table.append((o["name"], dtype, body, tail, nb, nt))
+            table.append((o["name"], dtype, body, tail, stail, nb, nt))
     if args.markdown:
-        print("| op | dtype | vector body | tail |")
-        print("|---|---|---|---|")
-        for name, dtype, body, tail, nb, nt in table:
-            print(f"| `{name}` | {dtype} | {' / '.join(body) or 'none'} | {' / '.join(tail) or 'none'} |")
+        print("| op | dtype | vector body | tail (contiguous) | tail of a strided row |")
+        print("|---|---|---|---|---|")
+        for name, dtype, body, tail, stail, nb, nt in table:
+            print(f"| `{name}` | {dtype} | {' / '.join(body) or 'none'} | {' / '.join(tail) or 'none'} | "
+                  f"{'same' if stail == tail else ' / '.join(stail) or 'none'} |")
     else:
-        for name, dtype, body, tail, nb, nt in table:
+        for name, dtype, body, tail, stail, nb, nt in table:
             print(f"{name:34s} {dtype:5s} body ({nb} elems): {' | '.join(body) or 'NONE'}")
             print(f"{'':34s} {'':5s} tail ({nt} elems): {' | '.join(tail) or 'NONE'}")
+            if stail != tail:
+                print(f"{'':34s} {'':5s} strided-row tail: {' | '.join(stail) or 'NONE'}")
     bad = [t for t in table if not t[2] or not t[3]]
     if bad:
         print(f"# {len(bad)} op/dtype pairs have no matching candidate", file=sys.stderr)
