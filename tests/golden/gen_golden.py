@@ -11,15 +11,18 @@ It rewrites, for every case below,
     tests/golden/<case>/in.safetensors       NAME (param) and NAME.grad, float32
     tests/golden/<case>/expected.safetensors NAME (param after the steps), NAME.<state>
                                              for each state torch keeps, and NAME.step
-    tests/golden/cases.txt                   "<case> <steps> <extra --set args or ->"
+    tests/golden/cases.txt                   "<case> <steps> <NAME=VALUE,... for --set, or ->"
 
 and nothing else. The test suite never imports torch: it runs `optc exec` on
 recipe.yaml + in.safetensors for <steps> steps and compares with expected.
 
 What each case does, as torchtune's training loop does it:
 
-  * Parameters: 4 float32 tensors named vec [7], one [1], mat [33, 5] and
-    cube [3, 4, 5] (adamw_clip also has a 0-element tensor `empty` [0]).
+  * Parameters: 5 tensors named vec [7], one [1], mat [33, 5], cube [3, 4, 5]
+    and wide [41, 37] (adamw_clip also has a 0-element tensor `empty` [0]), in
+    the case's dtype (fp32 unless it says bf16 or fp16): sizes whose ends fall
+    in torch's scalar tails (every 32 elements for 16-bit for-loops, every 8
+    or 16 for the fused kernels).
     Params ~ randn, grads ~ randn * grad_scale (0.1 unless the case says
     otherwise), drawn from a torch.Generator seeded per case (fixed seeds).
   * Every step starts from the SAME grads, as a fresh backward would produce
@@ -30,9 +33,17 @@ What each case does, as torchtune's training loop does it:
                    float32 0-dim tensor), then p.grad *= scaler for every param;
                    world_size = 1. The extra arg `num_tokens=N` in cases.txt.
       clip:        torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=False);
-                   the recipe has `clip_grad_norm: <max_norm>`.
-  * Optimizers: torch.optim.* with foreach=False (the single-tensor path), and
-    optc.Lion implemented below exactly as lion-pytorch's update_fn.
+                   the recipe has `clip_grad_norm: <max_norm>`. torch's total norm
+                   is an f32 sum whose order is torch's own, so cases.txt gives
+                   it to optc (grad_norm_given=...); the coefficient and the
+                   clipped grads are then torch's, bit for bit.
+  * Optimizers: torch.optim.* with foreach=False (the single-tensor path), or
+    fused=True where the case says fused (the recipe then says fused: True),
+    and optc.Lion implemented below exactly as lion-pytorch's update_fn.
+  * The CPU: torch's bits depend on it (its f32 sqrt is MKL's, which on an
+    AVX-512 CPU is not IEEE). The recipes say `torch_cpu: avx512` or `avx2`,
+    whichever torch dispatched to here, so optc reproduces these files on any
+    CPU.
   * Optimizer states start as torch initialises them (in.safetensors holds none).
 
 expected.safetensors:
@@ -62,13 +73,13 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 GENERATOR = "tests/golden/gen_golden.py"
 
-SHAPES = [("vec", [7]), ("one", [1]), ("mat", [33, 5]), ("cube", [3, 4, 5])]
+SHAPES = [("vec", [7]), ("one", [1]), ("mat", [33, 5]), ("cube", [3, 4, 5]), ("wide", [41, 37])]
 EMPTY = ("empty", [0])
 
 # Each case: name, torch component, kwargs (written to the recipe verbatim, in
 # this order, and passed to the optimizer; what is omitted takes torch's
 # default), and optionally steps, clip (max_norm), num_tokens, grad_scale,
-# empty (add the 0-element param).
+# empty (add the 0-element param), dtype (fp32, bf16, fp16) and fused.
 CASES = [
     # AdamW with torch's defaults (lr 1e-3, weight_decay 0.01); betas and eps
     # are left out of the recipe so optc's defaults are checked against torch's.
@@ -120,7 +131,40 @@ CASES = [
     dict(name="sgd_nesterov_clip_scaled", component="torch.optim.SGD", clip=0.5,
          num_tokens=11, grad_scale=1.0,
          kwargs=dict(lr=0.05, momentum=0.9, nesterov=True)),
+    # 16-bit storage: every torch op rounds to the dtype. (fp16 has no 1e-8: with
+    # the default eps, Adam divides 0 by 0 and the NaNs' payloads are torch's own.)
+    dict(name="adamw_bf16", component="torch.optim.AdamW", dtype="bf16", steps=5,
+         kwargs=dict(lr=1e-3, weight_decay=0.01)),
+    dict(name="adam_wd_fp16", component="torch.optim.Adam", dtype="fp16",
+         kwargs=dict(lr=1e-3, eps=1e-4, weight_decay=0.05, amsgrad=True)),
+    dict(name="sgd_momentum_bf16", component="torch.optim.SGD", dtype="bf16",
+         kwargs=dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
+    dict(name="adagrad_bf16", component="torch.optim.Adagrad", dtype="bf16",
+         kwargs=dict(lr=0.05, lr_decay=0.01, weight_decay=0.1, initial_accumulator_value=0.1)),
+    dict(name="rmsprop_centered_momentum_bf16", component="torch.optim.RMSprop", dtype="bf16",
+         kwargs=dict(lr=2e-3, weight_decay=0.01, momentum=0.9, centered=True)),
+    dict(name="lion_bf16", component="optc.Lion", dtype="bf16",
+         kwargs=dict(lr=1e-4, betas=[0.9, 0.99], weight_decay=0.1)),
+    dict(name="adamw_clip_bf16", component="torch.optim.AdamW", dtype="bf16", clip=1.0, grad_scale=1.0,
+         num_tokens=5, kwargs=dict(lr=1e-3, weight_decay=0.01)),
+    # torch's fused CPU kernels: f32 math, one rounding per store.
+    dict(name="adamw_fused", component="torch.optim.AdamW", fused=True, steps=5,
+         kwargs=dict(lr=1e-3, weight_decay=0.01)),
+    dict(name="adamw_fused_bf16", component="torch.optim.AdamW", fused=True, dtype="bf16",
+         kwargs=dict(lr=2e-3, betas=[0.8, 0.95], weight_decay=0.05, amsgrad=True)),
+    dict(name="adam_fused_wd_maximize", component="torch.optim.Adam", fused=True,
+         kwargs=dict(lr=1e-3, weight_decay=0.05, maximize=True)),
+    dict(name="sgd_fused_nesterov", component="torch.optim.SGD", fused=True,
+         kwargs=dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    dict(name="sgd_fused_momentum_fp16", component="torch.optim.SGD", fused=True, dtype="fp16",
+         kwargs=dict(lr=0.05, momentum=0.9, dampening=0.1)),
+    dict(name="adagrad_fused", component="torch.optim.Adagrad", fused=True,
+         kwargs=dict(lr=0.05, lr_decay=0.01, weight_decay=0.1, initial_accumulator_value=0.1)),
+    dict(name="adamw_fused_clip_scaled", component="torch.optim.AdamW", fused=True, clip=1.0,
+         grad_scale=1.0, num_tokens=7, kwargs=dict(lr=1e-3, weight_decay=0.01)),
 ]
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 STATE_NAMES = ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
                "sum", "square_avg", "grad_avg"]
@@ -162,12 +206,14 @@ def make_optimizer(case, params):
            "torch.optim.RMSprop": torch.optim.RMSprop}[comp]
     if "betas" in kw:
         kw["betas"] = tuple(kw["betas"])
+    if case.get("fused"):
+        return cls(params, fused=True, **kw)
     return cls(params, foreach=False, **kw)
 
 
 # ---------------------------------------------------------------- safetensors
 
-_DTYPES = {torch.float32: "F32"}
+_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
 def write_safetensors(path, tensors, metadata):
@@ -177,9 +223,11 @@ def write_safetensors(path, tensors, metadata):
     off = 0
     for n in names:
         t = tensors[n].detach().contiguous()
-        assert t.dtype == torch.float32, (n, t.dtype)
-        vals = t.reshape(-1).tolist()
-        data = struct.pack("<%df" % len(vals), *vals)
+        assert t.dtype in _DTYPES, (n, t.dtype)
+        if t.dtype == torch.float32:
+            data = struct.pack("<%df" % t.numel(), *t.reshape(-1).tolist())
+        else:  # the 16-bit patterns
+            data = struct.pack("<%dH" % t.numel(), *(t.reshape(-1).view(torch.int16).to(torch.int32) & 0xffff).tolist())
         header[n] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape),
                      "data_offsets": [off, off + len(data)]}
         blobs.append(data)
@@ -218,10 +266,17 @@ def recipe_text(case):
              f"  _component_: {case['component']}"]
     for k, v in case["kwargs"].items():
         lines.append(f"  {k}: {yaml_scalar(v)}")
-    lines.append("dtype: fp32")
+    if case.get("fused"):
+        lines.append("  fused: True")
+    lines.append(f"dtype: {case.get('dtype', 'fp32')}")
+    lines.append(f"torch_cpu: {torch_cpu()}  # the CPU build torch dispatched to where these files were made")
     if case.get("clip") is not None:
         lines.append(f"clip_grad_norm: {yaml_scalar(float(case['clip']))}")
     return "\n".join(lines) + "\n"
+
+
+def torch_cpu():
+    return "avx512" if torch.backends.cpu.get_cpu_capability() == "AVX512" else "avx2"
 
 
 # ---------------------------------------------------------------- running
@@ -231,10 +286,11 @@ def run_case(idx, case):
     gen = torch.Generator().manual_seed(1000 + idx)
     shapes = list(SHAPES) + ([EMPTY] if case.get("empty") else [])
     gscale = case.get("grad_scale", 0.1)
+    dt = TORCH_DTYPES[case.get("dtype", "fp32")]
     names, params, grads = [], [], []
     for name, shape in shapes:
-        p = torch.randn(shape, generator=gen, dtype=torch.float32)
-        g = torch.randn(shape, generator=gen, dtype=torch.float32) * gscale
+        p = torch.randn(shape, generator=gen, dtype=torch.float32).to(dt)
+        g = (torch.randn(shape, generator=gen, dtype=torch.float32) * gscale).to(dt)
         names.append(name)
         params.append(torch.nn.Parameter(p.clone()))
         grads.append(g)
@@ -244,6 +300,7 @@ def run_case(idx, case):
         inputs[n + ".grad"] = g.clone()
 
     opt = make_optimizer(case, params)
+    norm = None
     for _ in range(steps):
         for p, g in zip(params, grads):
             p.grad = g.clone()
@@ -259,6 +316,8 @@ def run_case(idx, case):
         if case.get("clip") is not None:
             total = torch.nn.utils.clip_grad_norm_(params, max_norm=case["clip"], foreach=False)
             assert total.item() > case["clip"], (case["name"], total.item())  # clipping active
+            assert norm is None or norm == total.item()  # the same grads every step
+            norm = total.item()
         opt.step()
 
     expected = {}
@@ -272,7 +331,7 @@ def run_case(idx, case):
             assert k in STATE_NAMES, (case["name"], k)
             if v is None:
                 continue
-            assert torch.is_tensor(v) and v.dtype == torch.float32 and v.shape == p.shape, (k, v)
+            assert torch.is_tensor(v) and v.dtype == dt and v.shape == p.shape, (k, v)
             expected[f"{n}.{k}"] = v.detach().clone()
         if "step" in st:
             s = st["step"]
@@ -281,7 +340,7 @@ def run_case(idx, case):
             expected[n + ".step"] = s.detach().clone()
         else:
             expected[n + ".step"] = torch.tensor(float(steps), dtype=torch.float32)
-    return steps, inputs, expected
+    return steps, inputs, expected, norm
 
 
 def main():
@@ -292,14 +351,19 @@ def main():
     assert len(set(names)) == len(names)
     lines = []
     for idx, case in enumerate(CASES):
-        steps, inputs, expected = run_case(idx, case)
+        steps, inputs, expected, norm = run_case(idx, case)
         d = os.path.join(HERE, case["name"])
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "recipe.yaml"), "w") as f:
             f.write(recipe_text(case))
         write_safetensors(os.path.join(d, "in.safetensors"), inputs, meta)
         write_safetensors(os.path.join(d, "expected.safetensors"), expected, meta)
-        extra = f"num_tokens={case['num_tokens']}" if case.get("num_tokens") is not None else "-"
+        sets = []
+        if case.get("num_tokens") is not None:
+            sets.append(f"num_tokens={case['num_tokens']}")
+        if norm is not None:
+            sets.append(f"grad_norm_given={norm!r}")
+        extra = ",".join(sets) or "-"
         lines.append(f"{case['name']} {steps} {extra}")
     with open(os.path.join(HERE, "cases.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
