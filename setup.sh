@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PKGS=(gcc g++ pkg-config python3 meson ninja-build
+PKGS=(gcc g++ pkg-config python3 python3-venv meson ninja-build
       llvm-19-dev llvm-19-tools libyaml-dev libjansson-dev
       libopenmpi-dev openmpi-bin libopenblas-dev gnuplot-nox libpcre2-dev)
 
@@ -34,6 +34,19 @@ if [ ! -f build/build.ninja ]; then
 fi
 ninja -C build
 
+# .venv/: torch from PyPI (several GB, installed once) and what the tests
+# that run torch beside optc need. The C suite never needs it.
+VENV_PKGS=("torch==2.15.*" numpy safetensors pytest)
+venv() {
+  if [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch, numpy, safetensors, pytest' 2>/dev/null; then
+    return
+  fi
+  echo "setup.sh: making .venv/ with ${VENV_PKGS[*]}"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q "${VENV_PKGS[@]}"
+}
+
 case "${1:-}" in
   "") ;;
   demo)
@@ -42,8 +55,11 @@ case "${1:-}" in
     build/optc bench step --config recipes/configs/llama4/scout_tiny_full.yaml --steps 60 --reps 1
     ;;
   test)
+    venv
     rc=0
     meson test -C build --print-errorlogs --num-processes 2 || rc=$?
+    OPTC_BUILD=$PWD/build .venv/bin/python -m pytest tests/torch -q -p no:cacheprovider \
+      --junitxml=build/pytest.xml || rc=$?
     python3 tests/summary.py build || rc=1
     exit $rc
     ;;

@@ -2,8 +2,10 @@
 """Counts test results from one or more meson build directories.
 
 Each meson test counts once, except the lit suite, whose individual test
-files are counted from its xunit report. Prints one line per build
-directory, and last, the line CI reads:  tests: N passed, M failed
+files are counted from its xunit report; a build directory's pytest.xml
+(the pytest suite's junit report, which ./setup.sh test writes) adds each
+pytest test. Prints one line per build directory, and last, the line CI
+reads:  tests: N passed, M failed
 Exits non-zero if anything failed.
 
 usage: summary.py BUILD_DIR [BUILD_DIR ...]
@@ -42,6 +44,17 @@ def count(build):
         else:
             failed += 1
             failures.append("%s (%s)" % (name, result))
+    pytest_xml = os.path.join(build, "pytest.xml")
+    if os.path.exists(pytest_xml):
+        for case in ET.parse(pytest_xml).getroot().iter("testcase"):
+            name = "pytest: %s::%s" % (case.get("classname", "?"), case.get("name", "?"))
+            if case.find("failure") is not None or case.find("error") is not None:
+                failed += 1
+                failures.append(name)
+            elif case.find("skipped") is not None:
+                skipped += 1
+            else:
+                passed += 1
     return passed, failed, skipped, failures
 
 
