@@ -117,7 +117,14 @@ static const char sink_optir[] =
     "%wq = cvt %q : bf16\n"
     "%w1 = sub %w0b, %wq : bf16\n"
     "%w1f = cvt %w1 : f32\n"
-    "%w2 = add %w1f, %mbf : f32\n"
+    "%w1a = abs %w1f : f32\n"
+    "%w1s = sqrt_mkl %w1a : f32\n"
+    "%tw = const 3 : i64\n"
+    "%tt = const 2 : i64\n"
+    "%tp = tailpos %tw, %tt : i64\n"
+    "%tpf = cvt %tp : f32\n"
+    "%w1t = fma %w1s, %tpf, %w1f : f32\n"
+    "%w2 = add %w1t, %mbf : f32\n"
     "%wsr = cvt_sr %w2, %seed, %stepi : bf16\n"
     "%wsrf = cvt %wsr : f32\n"
     "store @w, %wsrf\n"
@@ -478,7 +485,7 @@ int main(int argc, char **argv) {
   setenv("OPTC_CACHE", "0", 1);
 
   /* every case's program and source */
-  int cap = 128, n = 0;
+  int cap = 256, n = 0;
   Case *cases = calloc((size_t)cap, sizeof(Case));
   ASSERT(cases);
   MatrixCase mc;

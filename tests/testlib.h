@@ -117,6 +117,12 @@ __attribute__((unused)) static const struct { const char *name, *yaml; } opts[] 
     {"rmsprop", "optimizer:\n  _component_: torch.optim.RMSprop\n"},
     {"rmsprop_centered_momentum",
      "optimizer:\n  _component_: torch.optim.RMSprop\n  centered: true\n  momentum: 0.9\n  weight_decay: 0.01\n"},
+    /* torch's fused=True kernels */
+    {"adamw_fused", "optimizer:\n  _component_: torch.optim.AdamW\n  fused: true\n  amsgrad: true\n"},
+    {"adam_fused_wd", "optimizer:\n  _component_: torch.optim.Adam\n  fused: true\n  weight_decay: 0.1\n"},
+    {"sgd_fused_momentum",
+     "optimizer:\n  _component_: torch.optim.SGD\n  fused: true\n  lr: 0.1\n  momentum: 0.8\n  dampening: 0.3\n"},
+    {"adagrad_fused", "optimizer:\n  _component_: torch.optim.Adagrad\n  fused: true\n  weight_decay: 0.1\n"},
 };
 __attribute__((unused)) static const struct { const char *name, *yaml; bool low; } layouts[] = {
     {"fp32", "dtype: fp32\n", false},
@@ -149,12 +155,18 @@ TESTLIB_FN bool matrix_case_at(int i, MatrixCase *c) {
 }
 
 /* g's runtime inputs for step 1 (and num_tokens 7 when with_tokens and g
- * has it), the rest at their defaults; malloc'd, the caller frees. */
+ * has it; torch_threads 2, so that torch's 16-bit loop tails fall inside
+ * the 100003-element tensor too), the rest at their defaults; malloc'd,
+ * the caller frees. */
 TESTLIB_FN double *step1_inputs(const Graph *g, bool with_tokens) {
   double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-  Binding sets[] = {{"num_tokens", 7}};
+  Binding sets[2];
+  int nsets = 0;
+  if (with_tokens && graph_find_input(g, "num_tokens") != NOREF)
+    sets[nsets++] = (Binding){"num_tokens", 7};
+  if (graph_find_input(g, "torch_threads") != NOREF)
+    sets[nsets++] = (Binding){"torch_threads", 2};
   Binding first = {"step", 1};
-  int nsets = with_tokens && graph_find_input(g, "num_tokens") != NOREF;
   ASSERT(vals && inputs_resolve(g, sets, nsets, &first, 1, vals) == 0);
   return vals;
 }
