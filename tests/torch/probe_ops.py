@@ -187,9 +187,23 @@ op("self.addcdiv_(t1, t2, value=v)", {"self": {}, "t1": {}, "t2": {"positive": T
     "fma(v, t1/t2, self)": lambda x, s, S: fma(S(s["v"]), f32(x["t1"] / x["t2"]), x["self"])})
 
 # tensor.sqrt(): exp_avg_sq.sqrt(), state_sum.sqrt(), square_avg.sqrt(), .sqrt_()
+def sqrt_mkl(x):
+    """MKL's vsSqrt as numerics_mkl.h computes it (built by probe_sqrt.py)."""
+    global _SQRT_LIB
+    import probe_sqrt
+    if _SQRT_LIB is None:
+        import tempfile
+        _SQRT_LIB = probe_sqrt.build(tempfile.mkdtemp())
+    bits = np.ascontiguousarray(x, dtype=F32).view(np.uint32)
+    return probe_sqrt.call(_SQRT_LIB.probe_sqrt_mkl, bits.ravel()).view(F32).reshape(np.shape(x))
+
+
+_SQRT_LIB = None
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 op("self.sqrt()", {"self": {"positive": True}}, {},
    lambda t, s: t["self"].sqrt(),
-   {"sqrt(self)": lambda x, s, S: np.sqrt(x["self"])})
+   {"sqrt(self)": lambda x, s, S: np.sqrt(x["self"]),
+    "sqrt_mkl(self)  (MKL's vsSqrt on AVX-512: numerics_mkl.h)": lambda x, s, S: sqrt_mkl(x["self"])})
 
 # tensor / python float: exp_avg_sq.sqrt() / bias_correction2_sqrt
 op("self / c", {"self": {"positive": True}}, {"c": [0.0316227766, 0.99999, 0.3, 1.7]},
