@@ -5,10 +5,13 @@
  *   void optc_phaseK(const Chunk *chunks, i64 n, void *const *bufs,
  *                    const Scalar *step, const Scalar *tvals, double *partials)
  *
- * The element loop is written in explicit vectors of W = 16 elements, so
- * that it vectorizes whatever the optimizer decides (zmm with AVX-512, two
- * ymm with AVX2), followed by one masked vector for a chunk's last
- * len % 16 elements. Every op is the IEEE op the interpreter performs on
+ * bufs is the tensor table (plan.h, layout_tensor_bufs): tensor t's
+ * element 0 of buffer b at bufs[t * nbufs + b], so the tensors may be the
+ * caller's own allocations. The element loop is written in explicit
+ * vectors of W = 16 elements, so that it vectorizes whatever the optimizer
+ * decides (zmm with AVX-512, two ymm with AVX2), followed by one masked
+ * vector (masked loads and stores: nothing past the chunk is touched) for
+ * a chunk's last len % 16 elements. Every op is the IEEE op the interpreter performs on
  * each lane: no fast-math flags, no contraction, sqrt and fma as the exact
  * intrinsics, and bf16/f16 rounding and the stochastic-rounding hash in
  * integer ops, exactly as numerics.h writes them. A reduction keeps 8 f64
@@ -20,7 +23,6 @@
 #include <string.h>
 
 enum { W = 16 };
-_Static_assert(OPTC_TENSOR_ALIGN % W == 0, "a tensor's last vector must stay inside its padding");
 
 typedef struct {
   LLVMContextRef c;
@@ -551,26 +553,32 @@ static LLVMValueRef elem_addr(E *e, int buf) {
   return LLVMBuildGEP2(e->b, et, e->bufptr[buf], &e->j, 1, "");
 }
 
-/* Loads are always whole vectors: a tensor's last vector reaches only into
- * the padding before the next tensor (tensors start on OPTC_TENSOR_ALIGN,
- * a multiple of W) or at the end of the flat buffer (padded to it). */
+/* The memory may be the caller's (include/optc.h), so in the tail, past
+ * the chunk's last element, nothing is read or written: masked loads (the
+ * lanes past it read as zero) and masked stores. */
 static LLVMValueRef load_vec(E *e, int buf) {
   Type t = (Type)e->g->bufs[buf].type;
-  LLVMValueRef v = LLVMBuildLoad2(e->b, vtype(e, t), elem_addr(e, buf), "");
-  LLVMSetAlignment(v, (unsigned)type_size(t));
+  LLVMTypeRef vt = vtype(e, t);
+  unsigned align = (unsigned)type_size(t);
+  if (e->mask) {
+    LLVMTypeRef over[2] = {vt, e->tptr};
+    LLVMValueRef args[4] = {elem_addr(e, buf), LLVMConstInt(e->ti32, align, 0), e->mask, LLVMConstNull(vt)};
+    return call_intrinsic(e, "llvm.masked.load", over, 2, args, 4);
+  }
+  LLVMValueRef v = LLVMBuildLoad2(e->b, vt, elem_addr(e, buf), "");
+  LLVMSetAlignment(v, align);
   return v;
 }
 
-/* In the tail, the lanes past the chunk keep their bytes: the new vector is
- * blended into what is there, so padding is never written. */
 static void store_vec(E *e, int buf, LLVMValueRef v) {
   Type t = (Type)e->g->bufs[buf].type;
   LLVMValueRef p = elem_addr(e, buf);
   unsigned align = (unsigned)type_size(t);
   if (e->mask) {
-    LLVMValueRef old = LLVMBuildLoad2(e->b, vtype(e, t), p, "");
-    LLVMSetAlignment(old, align);
-    v = LLVMBuildSelect(e->b, e->mask, v, old, "");
+    LLVMTypeRef over[2] = {vtype(e, t), e->tptr};
+    LLVMValueRef args[4] = {v, p, LLVMConstInt(e->ti32, align, 0), e->mask};
+    call_intrinsic(e, "llvm.masked.store", over, 2, args, 4);
+    return;
   }
   LLVMValueRef s = LLVMBuildStore(e->b, v, p);
   LLVMSetAlignment(s, align);
@@ -719,11 +727,15 @@ static void emit_phase(E *e, int k) {
   LLVMValueRef len = LLVMBuildLoad2(b, e->ti64, LLVMBuildStructGEP2(b, chunk_t, chp, 3, ""), "len");
   LLVMValueRef flat = LLVMBuildLoad2(b, e->ti64, LLVMBuildStructGEP2(b, chunk_t, chp, 4, ""), "flat");
   LLVMValueRef numel = LLVMBuildLoad2(b, e->ti64, LLVMBuildStructGEP2(b, chunk_t, chp, 5, ""), "numel");
+  /* bufs is the tensor table: tensor t's element 0 of buffer b at
+   * bufs[t * nbufs + b] */
+  LLVMValueRef row = LLVMBuildMul(b, LLVMBuildZExt(b, tensor, e->ti64, ""), LLVMConstInt(e->ti64, (unsigned)g->nbufs, 0), "");
   for (int bi = 0; bi < g->nbufs; bi++) {
-    LLVMValueRef idx = LLVMConstInt(e->ti64, (unsigned)bi, 0);
+    LLVMValueRef idx = LLVMBuildAdd(b, row, LLVMConstInt(e->ti64, (unsigned)bi, 0), "");
     LLVMValueRef base = LLVMBuildLoad2(b, e->tptr, LLVMBuildGEP2(b, e->tptr, bufs, &idx, 1, ""), "");
-    e->bufptr[bi] = LLVMBuildGEP2(b, scalar_type(e, (Type)g->bufs[bi].type), base, &flat, 1, "");
+    e->bufptr[bi] = LLVMBuildGEP2(b, scalar_type(e, (Type)g->bufs[bi].type), base, &e->start, 1, "");
   }
+  (void)flat;
   /* per chunk: splats of step values, tensor-scope reductions, SR keys */
   memset(e->splat, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
   for (int r = 0; r < g->nins; r++)

@@ -24,7 +24,7 @@ typedef Scalar V;
 typedef struct {
   const Graph *g;
   const GroupLayout *l;
-  void *const *bufs;
+  void *const *tbufs; /* (ntensors x nbufs): tensor t's element 0 of buffer b at [t * nbufs + b] */
   const double *inputs;
   int *stage;     /* (nins) */
   V *step;        /* (nins) step-scope values */
@@ -179,24 +179,28 @@ typedef struct {
   int64_t numel; /* the tensor's elements */
 } Where;
 
+static const void *tensor_base(const Interp *in, int buf, int tensor) {
+  return in->tbufs[(size_t)tensor * (size_t)in->g->nbufs + (size_t)buf];
+}
+
 static V load(const Interp *in, const Ins *x, Where w) {
-  const void *p = in->bufs[x->buf];
+  const void *p = tensor_base(in, x->buf, w.tensor);
   V v = {0};
   switch ((Type)x->type) {
-  case TY_F64: v.d = ((const double *)p)[w.flat]; break;
-  case TY_F32: v.f = ((const float *)p)[w.flat]; break;
-  case TY_BF16: case TY_F16: v.h = ((const uint16_t *)p)[w.flat]; break;
+  case TY_F64: v.d = ((const double *)p)[w.index]; break;
+  case TY_F32: v.f = ((const float *)p)[w.index]; break;
+  case TY_BF16: case TY_F16: v.h = ((const uint16_t *)p)[w.index]; break;
   default: unreachable();
   }
   return v;
 }
 
 static void store(const Interp *in, const Ins *x, V v, Where w) {
-  void *p = in->bufs[x->buf];
+  void *p = (void *)tensor_base(in, x->buf, w.tensor);
   switch ((Type)in->g->bufs[x->buf].type) {
-  case TY_F64: ((double *)p)[w.flat] = v.d; break;
-  case TY_F32: ((float *)p)[w.flat] = v.f; break;
-  case TY_BF16: case TY_F16: ((uint16_t *)p)[w.flat] = v.h; break;
+  case TY_F64: ((double *)p)[w.index] = v.d; break;
+  case TY_F32: ((float *)p)[w.index] = v.f; break;
+  case TY_BF16: case TY_F16: ((uint16_t *)p)[w.index] = v.h; break;
   default: unreachable();
   }
 }
@@ -423,14 +427,15 @@ static bool grads_finite(const Interp *in) {
     Type t = (Type)g->bufs[b].type;
     for (int64_t c = 0; c < l->nchunks; c++)
       for (int64_t e = 0; e < l->chunks[c].len; e++) {
-        int64_t f = l->chunks[c].flat + e;
+        const void *p = tensor_base(in, b, l->chunks[c].tensor);
+        int64_t f = l->chunks[c].start + e;
         V v = {0};
         if (t == TY_F64)
-          v.d = ((const double *)in->bufs[b])[f];
+          v.d = ((const double *)p)[f];
         else if (t == TY_F32)
-          v.f = ((const float *)in->bufs[b])[f];
+          v.f = ((const float *)p)[f];
         else
-          v.h = ((const uint16_t *)in->bufs[b])[f];
+          v.h = ((const uint16_t *)p)[f];
         if (!isfinite(as_f64(v, t)))
           return false;
       }
@@ -440,7 +445,15 @@ static bool grads_finite(const Interp *in) {
 
 int interp_step(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args,
                 StepResult *res) {
-  if (g->nbufs > 0 && !bufs) {
+  void **t = layout_tensor_bufs(l, g, bufs);
+  int rc = interp_step_t(g, l, t, args, res);
+  free(t);
+  return rc;
+}
+
+int interp_step_t(const Graph *g, const GroupLayout *l, void *const *tbufs, const StepArgs *args,
+                  StepResult *res) {
+  if (g->nbufs > 0 && l->ntensors > 0 && !tbufs) {
     error("interpreter: no buffers");
     return -1;
   }
@@ -449,7 +462,7 @@ int interp_step(const Graph *g, const GroupLayout *l, void *const *bufs, const S
       error("interpreter: option '%%%s' is unresolved; build the graph from a recipe", g->ins[i].name);
       return -1;
     }
-  Interp in = {.g = g, .l = l, .bufs = bufs, .inputs = args ? args->inputs : NULL,
+  Interp in = {.g = g, .l = l, .tbufs = tbufs, .inputs = args ? args->inputs : NULL,
                .reducer = args ? args->reducer : NULL};
   size_t n = (size_t)g->nins + 1;
   in.stage = calloc(n, sizeof(int));

@@ -81,3 +81,14 @@ void layout_fold_tensors(const GroupLayout *l, const double *part, int width, in
     *acc = is_max ? optc_max_nan(*acc, v) : *acc + v;
   }
 }
+
+void **layout_tensor_bufs(const GroupLayout *l, const Graph *g, void *const *flat) {
+  size_t n = (size_t)l->ntensors * (size_t)g->nbufs;
+  void **t = malloc(sizeof(void *) * (n + 1));
+  ASSERT(t);
+  for (int i = 0; i < l->ntensors; i++)
+    for (int b = 0; b < g->nbufs; b++)
+      t[(size_t)i * (size_t)g->nbufs + (size_t)b] =
+          flat && flat[b] ? (char *)flat[b] + l->offset[i] * type_size((Type)g->bufs[b].type) : NULL;
+  return t;
+}

@@ -37,6 +37,12 @@ void layout_init(GroupLayout *l, int n, const int64_t *numel);
  * lo must be a multiple of OPTC_REDUCE_BLOCK. */
 void layout_restrict(GroupLayout *l, int64_t lo, int64_t hi);
 void layout_free(GroupLayout *l);
+/* The tensor table of flat buffers: for tensor t and graph buffer b, where
+ * the tensor's element 0 sits in flat[b] (flat-indexed: element i of
+ * tensor t at flat[b][offset[t] + i]), at [t * g->nbufs + b]. Executors
+ * address memory through such a table, so a caller's tensors need not be
+ * one allocation (include/optc.h). malloc'd; the caller frees it. */
+void **layout_tensor_bufs(const GroupLayout *l, const Graph *g, void *const *flat);
 
 /* Folds chunk partials in chunk order (chunk c's at part[c * width + idx]):
  * sums, or NaN-propagating maxima. The whole group's value... */
@@ -89,6 +95,10 @@ typedef union {
  * error printed. */
 int interp_step(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args,
                 StepResult *res);
+/* The same over a tensor table (layout_tensor_bufs): tensor t's element 0 of
+ * buffer b at tbufs[t * g->nbufs + b]. */
+int interp_step_t(const Graph *g, const GroupLayout *l, void *const *tbufs, const StepArgs *args,
+                  StepResult *res);
 /* Folds instruction i when its operands are all constants, computing
  * exactly as a step would; false when it cannot. */
 bool interp_fold(const Graph *g, Ref i, double *out);

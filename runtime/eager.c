@@ -144,7 +144,7 @@ typedef struct {
   Sched s;
   const Graph *g;
   const GroupLayout *l;
-  void *const *bufs;
+  void *const *tbufs; /* (ntensors x nbufs) tensor table (layout_tensor_bufs) */
   const double *inputs;
   const Reducer *reducer;
   ThreadPool *pool; /* NULL: one thread */
@@ -162,6 +162,12 @@ typedef struct {
 } Eager;
 
 static void *elem_ptr(void *base, Type t, int64_t i) { return (char *)base + i * type_size(t); }
+
+/* The piece's first element in graph buffer b. */
+static void *piece_ptr(const Eager *e, int b, const Piece *pc) {
+  void *base = e->tbufs[(size_t)pc->tensor * (size_t)e->g->nbufs + (size_t)b];
+  return elem_ptr(base, (Type)e->g->bufs[b].type, pc->start);
+}
 
 static void *alloc_arr(int64_t n, Type t) {
   void *p = aligned_alloc(64, ((size_t)(n ? n : 1) * (size_t)type_size(t) + 63) / 64 * 64);
@@ -424,14 +430,14 @@ static void bind(Eager *e, Ref r, const Piece *pc) {
   else if (e->donated_to[r] != NOREF) /* same memory, same type */
     e->arr[r] = elem_ptr(e->group[e->donated_to[r]], (Type)x->type, base);
   else if (x->op == OP_LOAD)
-    e->arr[r] = elem_ptr(e->bufs[x->buf], (Type)x->type, base);
+    e->arr[r] = piece_ptr(e, x->buf, pc);
 }
 
 /* Instruction i of stage `stage` for one piece. */
 static void run_one(Eager *e, int stage, Ref i, const Piece *pc) {
   const Graph *g = e->g;
   const Ins *x = &g->ins[i];
-  int64_t n = pc->n, base = pc->flat;
+  int64_t n = pc->n;
   for (int k = 0; k < op_info[x->op].nargs; k++)
     bind(e, x->args[k], pc);
   if (x->op == OP_REDUCE) {
@@ -445,7 +451,7 @@ static void run_one(Eager *e, int stage, Ref i, const Piece *pc) {
     Ref v = x->args[0];
     const Ins *y = &g->ins[v];
     Type bt = (Type)g->bufs[x->buf].type;
-    void *dst = elem_ptr(e->bufs[x->buf], bt, base);
+    void *dst = piece_ptr(e, x->buf, pc);
     if (e->s.in_place[v] == i)
       return;
     if (y->scope == SCOPE_ELEM) {
@@ -474,7 +480,7 @@ static void run_one(Eager *e, int stage, Ref i, const Piece *pc) {
       donor = a;
   }
   if (e->s.in_place[i] != NOREF) {
-    o = elem_ptr(e->bufs[g->ins[e->s.in_place[i]].buf], t0, base);
+    o = piece_ptr(e, g->ins[e->s.in_place[i]].buf, pc);
   } else if (e->keep[i]) {
     if (!e->group[i]) {
       if (donor != NOREF && e->group[donor] && !e->s.cross[i]) {
@@ -541,6 +547,14 @@ int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const St
 
 int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args, StepResult *res,
               bool foreach, ThreadPool *pool) {
+  void **t = layout_tensor_bufs(l, g, bufs);
+  int rc = eager_run_t(g, l, t, args, res, foreach, pool);
+  free(t);
+  return rc;
+}
+
+int eager_run_t(const Graph *g, const GroupLayout *l, void *const *tbufs, const StepArgs *args, StepResult *res,
+                bool foreach, ThreadPool *pool) {
   for (int i = 0; i < g->nins; i++)
     if (g->ins[i].op == OP_OPTION) {
       error("eager: option '%%%s' is unresolved", g->ins[i].name);
@@ -551,7 +565,7 @@ int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const Ste
       error_at(g->ins[i].pos, "eager: reductions to tensor scope are not supported; use --backend interp or cpu");
       return -1;
     }
-  Eager e = {.g = g, .l = l, .bufs = bufs, .inputs = args ? args->inputs : NULL, .pool = pool,
+  Eager e = {.g = g, .l = l, .tbufs = tbufs, .inputs = args ? args->inputs : NULL, .pool = pool,
              .reducer = args ? args->reducer : NULL};
   sched_init(&e.s, g);
   size_t n = (size_t)g->nins + 1;
@@ -591,7 +605,7 @@ int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const Ste
       if (g->bufs[b].kind == BUF_GRAD)
         for (int p = 0; p < e.npieces && ok; p++)
           for (int64_t k = 0; k < e.pieces[p].n && ok; k++) {
-            Operand o = {.p = elem_ptr(bufs[b], (Type)g->bufs[b].type, e.pieces[p].flat), .t = (Type)g->bufs[b].type};
+            Operand o = {.p = piece_ptr(&e, b, &e.pieces[p]), .t = (Type)g->bufs[b].type};
             ok = isfinite(interp_scalar_to_double(at(o, k), o.t));
           }
   }

@@ -149,27 +149,37 @@ static void run_range(void *ctx, int64_t lo, int64_t hi) {
   r->fn(r->l->chunks + lo, hi - lo, r->bufs, r->step, r->tvals, r->partials + lo * r->nred);
 }
 
-static bool grads_all_finite(const Graph *g, const GroupLayout *l, void *const *bufs) {
+static bool grads_all_finite(const Graph *g, const GroupLayout *l, void *const *tbufs) {
   for (int b = 0; b < g->nbufs; b++) {
     if (g->bufs[b].kind != BUF_GRAD)
       continue;
     Type t = (Type)g->bufs[b].type;
-    for (int64_t c = 0; c < l->nchunks; c++)
-      for (int64_t i = 0; i < l->chunks[c].len; i++) {
-        int64_t f = l->chunks[c].flat + i;
-        float v = t == TY_F32 ? ((const float *)bufs[b])[f]
-                  : t == TY_BF16 ? optc_bf16_to_f32(((const uint16_t *)bufs[b])[f])
-                  : t == TY_F16  ? optc_f16_to_f32(((const uint16_t *)bufs[b])[f])
-                                 : (float)((const double *)bufs[b])[f];
+    for (int64_t c = 0; c < l->nchunks; c++) {
+      const Chunk *ch = &l->chunks[c];
+      const void *p = tbufs[(size_t)ch->tensor * (size_t)g->nbufs + (size_t)b];
+      for (int64_t i = ch->start; i < ch->start + ch->len; i++) {
+        float v = t == TY_F32 ? ((const float *)p)[i]
+                  : t == TY_BF16 ? optc_bf16_to_f32(((const uint16_t *)p)[i])
+                  : t == TY_F16  ? optc_f16_to_f32(((const uint16_t *)p)[i])
+                                 : (float)((const double *)p)[i];
         if (!isfinite(v))
           return false;
       }
+    }
   }
   return true;
 }
 
 int cpu_step(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLayout *l, void *const *bufs,
              const StepArgs *args, StepResult *res) {
+  void **t = layout_tensor_bufs(l, g, bufs);
+  int rc = cpu_step_t(prog, pool, g, l, t, args, res);
+  free(t);
+  return rc;
+}
+
+int cpu_step_t(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLayout *l, void *const *bufs,
+               const StepArgs *args, StepResult *res) {
   const Plan *p = g->plan;
   memset(res, 0, sizeof *res);
   const Reducer *red = args ? args->reducer : NULL;

@@ -56,6 +56,10 @@ void pool_free(ThreadPool *p);
  * and reductions folded between phases on the host. */
 int cpu_step(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLayout *l, void *const *bufs,
              const StepArgs *args, StepResult *res);
+/* The same over a tensor table (layout_tensor_bufs): what the compiled
+ * kernels address. */
+int cpu_step_t(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLayout *l, void *const *tbufs,
+               const StepArgs *args, StepResult *res);
 
 /* ---- group.c: executors ---------------------------------------------------------------
  * What runs a group's steps: a backend with its compiled program. The
@@ -87,6 +91,9 @@ int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const St
  * op over a large tensor is split across its threads, as torch's are. */
 int eager_run(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args, StepResult *res,
               bool foreach, ThreadPool *pool);
+/* The same over a tensor table (layout_tensor_bufs). */
+int eager_run_t(const Graph *g, const GroupLayout *l, void *const *tbufs, const StepArgs *args, StepResult *res,
+                bool foreach, ThreadPool *pool);
 /* Bytes per element that eager_step moves. */
 double eager_traffic(const Graph *g);
 
