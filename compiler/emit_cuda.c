@@ -233,6 +233,7 @@ typedef struct {
   Buf *out;
   const char **stem; /* (nins) a C identifier per value: its SSA name, or the printer's number */
   const char **bstem;/* (nbufs) per buffer */
+  const char **bptr; /* (nbufs) the chunk's first element of each buffer, as an expression */
   int *uses;         /* (nins) uses by this phase's element and tensor instructions */
   const char **expr; /* (nins) an element value as its users read it */
   int threads, seg, row;
@@ -280,6 +281,7 @@ static void name_values(E *e) {
         break;
       }
   e->bstem = arena_alloc(e->a, sizeof(char *) * (size_t)(g->nbufs + 1));
+  e->bptr = arena_alloc(e->a, sizeof(char *) * (size_t)(g->nbufs + 1));
   for (int b = 0; b < g->nbufs; b++)
     e->bstem[b] = sanitize(e->a, g->bufs[b].name);
 }
@@ -503,12 +505,15 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   for (int i = 0; i < ph->nwrites; i++)
     touched[ph->writes[i].buf] = written[ph->writes[i].buf] = true;
   int ntouched = 0;
+  buf_printf(o, "  void *const *const row = bufs + (long long)ch.tensor * %d; /* the chunk's tensor's buffers */\n",
+             g->nbufs);
   for (int b = 0; b < g->nbufs; b++) {
     if (!touched[b])
       continue;
     const char *ty = L->type[g->bufs[b].type];
-    buf_printf(o, "  %s%s *const b_%s = (%s%s *)bufs[%d] + ch.flat;\n", written[b] ? "" : "const ", ty, e->bstem[b],
-               written[b] ? "" : "const ", ty, b);
+    /* an expression, not a variable: ptxas then reloads the pointer where
+     * it is used instead of keeping it live across the element loop */
+    e->bptr[b] = arena_printf(e->a, "((%s%s *)row[%d] + ch.start)", written[b] ? "" : "const ", ty, b);
     ntouched++;
   }
   if (ntouched) {
@@ -516,7 +521,7 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
     int n = 0;
     for (int b = 0; b < g->nbufs; b++)
       if (touched[b])
-        buf_printf(o, "%soptc_aligned16(b_%s)", n++ ? " && " : "", e->bstem[b]);
+        buf_printf(o, "%soptc_aligned16(%s)", n++ ? " && " : "", e->bptr[b]);
     buf_puts(o, ";\n");
   }
 
@@ -583,8 +588,8 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
     if (x->op != OP_LOAD)
       continue;
     buf_printf(o, "%s%s x_%s[%d];\n", ind, L->type[x->type], e->stem[i], CUDA_VEC);
-    buf_printf(o, "%soptc_load8_%s(x_%s, b_%s + j, n, vec);\n", ind, mem_suffix((Type)x->type), e->stem[i],
-               e->bstem[x->buf]);
+    buf_printf(o, "%soptc_load8_%s(x_%s, %s + j, n, vec);\n", ind, mem_suffix((Type)x->type), e->stem[i],
+               e->bptr[x->buf]);
   }
   for (Ref i = ph->lo; i < ph->hi; i++) {
     const Ins *x = &g->ins[i];
@@ -618,8 +623,8 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   for (Ref i = ph->lo; i < ph->hi; i++) {
     const Ins *x = &g->ins[i];
     if (x->op == OP_STORE)
-      buf_printf(o, "%soptc_store8_%s(b_%s + j, o_%s, n, vec);\n", ind, mem_suffix((Type)g->bufs[x->buf].type),
-                 e->bstem[x->buf], e->stem[i]);
+      buf_printf(o, "%soptc_store8_%s(%s + j, o_%s, n, vec);\n", ind, mem_suffix((Type)g->bufs[x->buf].type),
+                 e->bptr[x->buf], e->stem[i]);
   }
 
   if (!nred) {
@@ -702,7 +707,8 @@ static void emit_nonfinite(E *e, CudaKernel *kinfo) {
     if (g->bufs[b].kind != BUF_GRAD)
       continue;
     Type t = (Type)g->bufs[b].type;
-    buf_printf(o, "  {\n    const %s *const p = (const %s *)bufs[%d] + ch.flat;\n", L->type[t], L->type[t], b);
+    buf_printf(o, "  {\n    const %s *const p = (const %s *)bufs[ch.tensor * %d + %d] + ch.start;\n", L->type[t], L->type[t],
+               g->nbufs, b);
     buf_printf(o, "    for (long long j = %s; j < ch.len; j += %d)\n", L->thread_index, threads);
     buf_printf(o, "      if (!optc_isfinite(%s))\n        bad = 1;\n  }\n", to_f64(e, "p[j]", t));
   }

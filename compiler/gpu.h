@@ -107,6 +107,13 @@ int cuda_exec_download(CudaExec *x, void *const *bufs);
  * the flat buffer of graph buffer b, and stays the caller's to free. The
  * executor's own buffers are freed. */
 int cuda_exec_bind(CudaExec *x, const CudaPtr *bufs);
+/* Runs on the caller's tensors, each its own allocation: table[t * nbufs +
+ * b] is tensor t's element 0 of graph buffer b (layout_tensor_bufs' order).
+ * The executor's own buffers are freed. */
+int cuda_exec_bind_tensors(CudaExec *x, const CudaPtr *table);
+/* Launches go on this CUstream (NULL: the default stream), and a step
+ * waits for it before it reads reductions back and before it returns. */
+void cuda_exec_set_stream(CudaExec *x, void *stream);
 CudaPtr cuda_exec_buffer(CudaExec *x, int b); /* 0 (error printed) if none */
 /* One step, as cpu_step: the step values computed on the host with the
  * interpreter's arithmetic, one launch per phase over every chunk, the

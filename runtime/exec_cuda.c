@@ -54,6 +54,7 @@ enum {
   X(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext *c, CUdevice d)) \
   X(CtxSetCurrent, "cuCtxSetCurrent", (CUcontext c)) \
   X(CtxSynchronize, "cuCtxSynchronize", (void)) \
+  X(StreamSynchronize, "cuStreamSynchronize", (CUstream s)) \
   X(ModuleLoadDataEx, "cuModuleLoadDataEx", (CUmodule *m, const void *image, unsigned n, int *opts, void **vals)) \
   X(ModuleUnload, "cuModuleUnload", (CUmodule m)) \
   X(ModuleGetFunction, "cuModuleGetFunction", (CUfunction *f, CUmodule m, const char *name)) \
@@ -256,10 +257,12 @@ struct CudaExec {
   CUfunction *fn;       /* (nkernels) optc_phaseK..., then optc_nonfinite */
   CudaKernel *kernels;  /* (nkernels) a copy of the program's launch facts */
   int maxred;
-  CUdeviceptr *bufs;    /* (nbufs) the flat buffers */
+  CUdeviceptr *bufs;    /* (nbufs) the flat buffers, when it has them */
   bool have_bufs;       /* allocated here, or bound */
   bool own_bufs;        /* allocated here: freed here */
-  CUdeviceptr d_bufs;   /* the table of them, as the kernels read it */
+  CUdeviceptr *table;   /* (ntensors * nbufs) tensor t's element 0 of buffer b at [t * nbufs + b] */
+  CUdeviceptr d_bufs;   /* the table, as the kernels read it */
+  CUstream stream;      /* where it launches: NULL, the default stream */
   CUdeviceptr d_chunks, d_step, d_tvals, d_partials;
   Scalar *step;         /* (nins) host copies */
   Scalar *tvals;        /* (ntensors * nins) */
@@ -295,6 +298,7 @@ void cuda_exec_free(CudaExec *x) {
   free(x->fn);
   free(x->kernels);
   free(x->bufs);
+  free(x->table);
   free(x->step);
   free(x->tvals);
   free(x);
@@ -325,9 +329,10 @@ CudaExec *cuda_exec_create(const CudaProgram *p, const Graph *g, const GroupLayo
   x->fn = calloc((size_t)p->nkernels, sizeof(CUfunction));
   x->kernels = malloc(sizeof(CudaKernel) * (size_t)p->nkernels);
   x->bufs = calloc((size_t)g->nbufs + 1, sizeof(CUdeviceptr));
+  x->table = calloc((size_t)l->ntensors * (size_t)g->nbufs + 1, sizeof(CUdeviceptr));
   x->step = calloc((size_t)g->nins + 1, sizeof(Scalar));
   x->tvals = calloc(((size_t)l->ntensors + 1) * ((size_t)g->nins + 1), sizeof(Scalar));
-  ASSERT(x->fn && x->kernels && x->bufs && x->step && x->tvals);
+  ASSERT(x->fn && x->kernels && x->bufs && x->table && x->step && x->tvals);
   memcpy(x->kernels, p->kernels, sizeof(CudaKernel) * (size_t)p->nkernels);
   x->maxred = 1;
   for (int k = 0; k < p->nkernels; k++)
@@ -355,7 +360,7 @@ CudaExec *cuda_exec_create(const CudaProgram *p, const Graph *g, const GroupLayo
 
   /* buffers, the chunk table, and room for step values, tensor values and partials */
   size_t nchunks = (size_t)l->nchunks;
-  bool ok = alloc(&x->d_bufs, sizeof(CUdeviceptr) * (size_t)(g->nbufs + 1)) &&
+  bool ok = alloc(&x->d_bufs, sizeof(CUdeviceptr) * ((size_t)l->ntensors * (size_t)g->nbufs + 1)) &&
             alloc(&x->d_chunks, sizeof(Chunk) * nchunks) && alloc(&x->d_step, sizeof(Scalar) * (size_t)(g->nins + 1)) &&
             alloc(&x->d_tvals, sizeof(Scalar) * ((size_t)l->ntensors + 1) * ((size_t)g->nins + 1)) &&
             alloc(&x->d_partials, sizeof(double) * (nchunks + 1) * (size_t)x->maxred) &&
@@ -372,9 +377,20 @@ fail:
   return NULL;
 }
 
-/* The table of buffer addresses the kernels read. */
+/* The tensor table the kernels read, from x->table. */
+static bool upload_table(CudaExec *x) {
+  size_t n = (size_t)x->l->ntensors * (size_t)x->g->nbufs;
+  return n == 0 || CU_CHECK(drv.MemcpyHtoD(x->d_bufs, x->table, sizeof(CUdeviceptr) * n));
+}
+
+/* The tensor table of the flat buffers x->bufs. */
 static bool put_table(CudaExec *x) {
-  return x->g->nbufs == 0 || CU_CHECK(drv.MemcpyHtoD(x->d_bufs, x->bufs, sizeof(CUdeviceptr) * (size_t)x->g->nbufs));
+  const Graph *g = x->g;
+  for (int t = 0; t < x->l->ntensors; t++)
+    for (int b = 0; b < g->nbufs; b++)
+      x->table[(size_t)t * (size_t)g->nbufs + (size_t)b] =
+          x->bufs[b] + (CUdeviceptr)(x->l->offset[t] * type_size((Type)g->bufs[b].type));
+  return upload_table(x);
 }
 
 /* The executor's own flat buffers, zeroed, allocated when first needed
@@ -404,6 +420,17 @@ int cuda_exec_bind(CudaExec *x, const CudaPtr *bufs) {
   x->have_bufs = true;
   return put_table(x) ? 0 : -1;
 }
+
+int cuda_exec_bind_tensors(CudaExec *x, const CudaPtr *table) {
+  if (!driver())
+    return -1;
+  free_bufs(x);
+  x->have_bufs = true; /* the caller's, not flat: cuda_exec_upload has nothing to copy to */
+  memcpy(x->table, table, sizeof(CUdeviceptr) * (size_t)x->l->ntensors * (size_t)x->g->nbufs);
+  return upload_table(x) ? 0 : -1;
+}
+
+void cuda_exec_set_stream(CudaExec *x, void *stream) { x->stream = (CUstream)stream; }
 
 CudaPtr cuda_exec_buffer(CudaExec *x, int b) {
   return b >= 0 && b < x->g->nbufs && driver() && ensure_bufs(x) ? x->bufs[b] : 0;
@@ -442,7 +469,8 @@ static bool launch(CudaExec *x, int k) {
     CUdeviceptr chunks = x->d_chunks + (CUdeviceptr)lo * sizeof(Chunk);
     CUdeviceptr partials = x->d_partials + (CUdeviceptr)lo * (CUdeviceptr)MAX(kk->nred, 1) * sizeof(double);
     void *params[] = {&chunks, &count, &x->d_bufs, &x->d_step, &x->d_tvals, &partials};
-    ok = CU_CHECK(drv.LaunchKernel(x->fn[k], (unsigned)count, 1, 1, (unsigned)kk->threads, 1, 1, 0, NULL, params, NULL));
+    ok = CU_CHECK(drv.LaunchKernel(x->fn[k], (unsigned)count, 1, 1, (unsigned)kk->threads, 1, 1, 0, x->stream, params,
+                                   NULL));
   }
   if (a) {
     float ms = 0;
@@ -454,6 +482,10 @@ static bool launch(CudaExec *x, int k) {
   }
   return ok;
 }
+
+/* The host reads partials only after the stream's launches are done (a
+ * copy on the default stream does not wait for a non-blocking one). */
+static bool sync_stream(CudaExec *x) { return !x->stream || CU_CHECK(drv.StreamSynchronize(x->stream)); }
 
 int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res) {
   const Graph *g = x->g;
@@ -467,7 +499,7 @@ int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res) {
   bool ok = !args || args->grads_finite != 0;
   if (ok && (!args || args->grads_finite < 0) && nchunks) {
     /* optc_nonfinite: one flag per chunk */
-    if (!launch(x, p->nphases) ||
+    if (!launch(x, p->nphases) || !sync_stream(x) ||
         !CU_CHECK(drv.MemcpyDtoH(x->partials, x->d_partials, sizeof(double) * nchunks)))
       return -1;
     for (size_t c = 0; c < nchunks; c++)
@@ -488,7 +520,8 @@ int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res) {
     int nred = ph->nreds;
     if (!nred)
       continue;
-    if (nchunks && !CU_CHECK(drv.MemcpyDtoH(x->partials, x->d_partials, sizeof(double) * nchunks * (size_t)nred)))
+    if (nchunks && (!sync_stream(x) ||
+                    !CU_CHECK(drv.MemcpyDtoH(x->partials, x->d_partials, sizeof(double) * nchunks * (size_t)nred))))
       return -1;
     /* exec_cpu.c's fold, line for line */
     for (int i = 0; i < nred; i++) {
@@ -519,5 +552,5 @@ int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res) {
     }
   }
   res->skipped = !ok;
-  return CU_CHECK(drv.CtxSynchronize()) ? 0 : -1;
+  return (x->stream ? sync_stream(x) : CU_CHECK(drv.CtxSynchronize())) ? 0 : -1;
 }

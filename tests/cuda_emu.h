@@ -261,6 +261,7 @@ CUresult cuDevicePrimaryCtxRetain(void **c, int) {
 }
 CUresult cuCtxSetCurrent(void *) { return 0; }
 CUresult cuCtxSynchronize() { return 0; }
+CUresult cuStreamSynchronize(void *) { return 0; }
 
 CUresult cuModuleLoadDataEx(EmuModule **m, const void *image, unsigned, int *, void **) {
   void *dl = dlopen((const char *)image, RTLD_NOW | RTLD_LOCAL);
