@@ -162,6 +162,21 @@ SrcPos srcpos_of(const SrcFile *f, size_t off) {
   return p;
 }
 
+/* Where diagnostics go: stderr, or this thread's capture buffer. */
+static _Thread_local Buf *capture;
+
+void diag_capture(Buf *b) { capture = b; }
+
+void diag_printf(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  if (capture)
+    buf_vprintf(capture, fmt, ap);
+  else
+    vfprintf(stderr, fmt, ap);
+  va_end(ap);
+}
+
 /* Prints the source line of pos and a caret under its column. Tabs are kept
  * in the caret line, so that the caret lines up in a terminal. */
 static void print_source_line(SrcPos pos) {
@@ -178,19 +193,22 @@ static void print_source_line(SrcPos pos) {
   const char *e = s;
   while (e < end && *e != '\n')
     e++;
-  fprintf(stderr, "  %.*s\n  ", (int)(e - s), s);
+  diag_printf("  %.*s\n  ", (int)(e - s), s);
   for (int i = 1; i < pos.col && s + i - 1 < e; i++)
-    fputc(s[i - 1] == '\t' ? '\t' : ' ', stderr);
-  fputs("^\n", stderr);
+    diag_printf("%c", s[i - 1] == '\t' ? '\t' : ' ');
+  diag_printf("^\n");
 }
 
 static void vreport(SrcPos pos, const char *kind, const char *fmt, va_list ap) {
   if (pos.file)
-    fprintf(stderr, "%s:%d:%d: %s: ", pos.file->name, pos.line, pos.col, kind);
+    diag_printf("%s:%d:%d: %s: ", pos.file->name, pos.line, pos.col, kind);
   else
-    fprintf(stderr, "optc: %s: ", kind);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+    diag_printf("optc: %s: ", kind);
+  if (capture)
+    buf_vprintf(capture, fmt, ap);
+  else
+    vfprintf(stderr, fmt, ap);
+  diag_printf("\n");
   if (pos.file)
     print_source_line(pos);
 }

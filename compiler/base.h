@@ -70,6 +70,11 @@ void verror_at(SrcPos pos, const char *fmt, va_list ap);
 PRINTF(2, 3) void note_at(SrcPos pos, const char *fmt, ...);
 /* An error with no source position: `optc: error: msg`. */
 PRINTF(1, 2) void error(const char *fmt, ...);
+/* Sends this thread's diagnostics to b (appended) instead of stderr, until
+ * called with NULL: the public API returns them as error messages. */
+void diag_capture(Buf *b);
+/* Raw text to where diagnostics go (stderr, or the capture). */
+PRINTF(1, 2) void diag_printf(const char *fmt, ...);
 /* Computes line and column of byte offset off in f. */
 SrcPos srcpos_of(const SrcFile *f, size_t off);
 

@@ -23,7 +23,7 @@ typedef struct {
 static const Component components[] = {
     {"torch.optim.AdamW", "adamw"},     {"torch.optim.Adam", "adam"},
     {"torch.optim.SGD", "sgd"},         {"torch.optim.Adagrad", "adagrad"},
-    {"torch.optim.RMSprop", "rmsprop"}, {"optc.Lion", "lion"},
+    {"torch.optim.RMSprop", "rmsprop"}, {"optc.Lion", "lion"}, {"optc.grad_norm", "grad_norm"},
 };
 
 /* Keys torch accepts that choose an implementation, not the math. optc
@@ -112,7 +112,7 @@ static const KeySpec top_keys[] = {
     /* optc */
     {"optimizer_state_dtype", K_STR}, {"master_weights", K_BOOL}, {"stochastic_rounding", K_BOOL},
     {"nonfinite_grads", K_STR}, {"max_steps", K_INT_OR_NULL}, {"write_back_grads", K_BOOL},
-    {"torch_cpu", K_STR},
+    {"torch_cpu", K_STR}, {"clip_norm_given", K_BOOL},
     {"save_every_n_steps", K_INT_OR_NULL},
 };
 
@@ -696,11 +696,15 @@ Recipe *recipe_from_text(const char *name, const char *text, const char *const *
       r->nonfinite = NONFINITE_SKIP;
     else if (strcmp(v->str, "error") == 0)
       r->nonfinite = NONFINITE_ERROR;
+    else if (strcmp(v->str, "propagate") == 0)
+      r->nonfinite = NONFINITE_PROPAGATE;
     else {
-      error_at(v->pos, "nonfinite_grads: expected skip or error, found '%s'", v->str);
+      error_at(v->pos, "nonfinite_grads: expected skip, error or propagate, found '%s'", v->str);
       return NULL;
     }
   }
+  if ((v = yaml_get(root, "clip_norm_given")))
+    yaml_bool(v, "clip_norm_given", &r->clip_norm_given);
   /* compile: a bool sets all four; a dict takes torchtune's defaults. */
   if ((v = yaml_get(root, "compile"))) {
     if (v->kind == YAML_SCALAR) {
@@ -730,6 +734,7 @@ Recipe *recipe_from_text(const char *name, const char *text, const char *const *
   }
   if (!parse_optimizer(r, opt))
     return NULL;
+  r->measure_only = strcmp(r->optimizer_name, "grad_norm") == 0;
   return r;
 }
 
@@ -815,9 +820,18 @@ static Ref build_prelude(Builder *b) {
   Ref ws32 = ir_cvt(g, ws, TY_F32);
   Ref nt32 = ir_cvt(g, nt, TY_F32);
   Ref rnt = ir_op2(g, OP_DIV, named(b, ir_const(g, TY_F32, 1.0), "one_f32", NULL), nt32);
-  Ref scale = named(b, ir_op2(g, OP_MUL, rnt, ws32), "grad_scale", NULL);
+  Ref tokens_scale = ir_op2(g, OP_MUL, rnt, ws32);
+  /* a scale given as such (an f32 0-dim tensor's value) replaces it */
+  Ref given_scale = input(b, "grad_scale", -1.0, (Range){0}, "  # > 0: the grads' scale itself; else world_size / num_tokens");
+  Ref zero = named(b, ir_const(g, TY_F64, 0.0), "zero", NULL);
+  Ref scale = named(b, ir_op3(g, OP_SELECT, ir_op2(g, OP_GT, given_scale, zero), ir_cvt(g, given_scale, TY_F32),
+                              tokens_scale), "scale", NULL);
   Ref gs = named(b, ir_op2(g, OP_MUL, gf, scale), "grad_scaled", NULL);
-  gs = as_held(b, gs, gd, r->has_clip ? "grad_scaled" : "grad");
+  gs = as_held(b, gs, gd, r->has_clip || r->measure_only ? "grad_scaled" : "grad");
+  if (r->measure_only) {
+    named(b, ir_reduce(g, RED_SUMSQ, SCOPE_STEP, gs), "grad_sumsq", NULL);
+    return gs;
+  }
   if (!r->has_clip)
     return gs;
   Range pos = {true, 0, INFINITY, true, true};
@@ -825,13 +839,20 @@ static Ref build_prelude(Builder *b) {
   named(b, mn, "max_norm",
         "\n# clip_grad_norm: total = sqrt(sum of grad^2 over every element of every tensor on every rank)\n"
         "# grad *= min(1, max_norm / (total + 1e-6)), as torch.nn.utils.clip_grad_norm_\n");
-  Ref ss = named(b, ir_reduce(g, RED_SUMSQ, SCOPE_STEP, gs), "grad_sumsq", NULL);
-  Ref total = named(b, ir_op1(g, OP_SQRT, ss), "grad_norm", NULL);
-  /* A total norm computed elsewhere (torch's own, in a test) replaces this
-   * one when it is given: non-negative. */
-  Ref given = input(b, "grad_norm_given", -1.0, (Range){0}, "  # < 0: use the norm computed here");
-  Ref zero = named(b, ir_const(g, TY_F64, 0.0), "zero", NULL);
-  Ref norm = named(b, ir_op3(g, OP_SELECT, ir_op2(g, OP_GE, given, zero), given, total), "total_norm", NULL);
+  Ref norm;
+  if (r->clip_norm_given) {
+    /* the caller's total norm (over several groups, or torch's own): one
+     * pass, no reduction */
+    norm = input(b, "grad_norm_given", 0.0, (Range){0}, "  # the total norm, computed elsewhere");
+    g->ins[norm].has_imm = false;
+  } else {
+    Ref ss = named(b, ir_reduce(g, RED_SUMSQ, SCOPE_STEP, gs), "grad_sumsq", NULL);
+    Ref total = named(b, ir_op1(g, OP_SQRT, ss), "grad_norm", NULL);
+    /* A total norm computed elsewhere (torch's own, in a test) replaces
+     * this one when it is given: non-negative. */
+    Ref given = input(b, "grad_norm_given", -1.0, (Range){0}, "  # < 0: use the norm computed here");
+    norm = named(b, ir_op3(g, OP_SELECT, ir_op2(g, OP_GE, given, zero), given, total), "total_norm", NULL);
+  }
   /* torch's total_norm is a 0-dim tensor of the grads' dtype, and
    * max_norm / (total_norm + 1e-6) is (total_norm + 1e-6).reciprocal() *
    * max_norm: each op rounds to that dtype (1e-6 too, on a 16-bit tensor);

@@ -37,7 +37,9 @@ typedef struct {
   bool model, loss, optimizer_step, scale_grads;
 } CompileFlags;
 
-typedef enum { NONFINITE_SKIP, NONFINITE_ERROR } NonfiniteMode;
+/* What a NaN or infinite grad does: SKIP the step (optc's default in a
+ * recipe), fail with ERROR, or PROPAGATE as torch does (the step runs). */
+typedef enum { NONFINITE_SKIP, NONFINITE_ERROR, NONFINITE_PROPAGATE } NonfiniteMode;
 
 /* The torch CPU build whose bits a step reproduces: which kernels torch
  * dispatches to (ATen's CPU capability) and which sqrt its MKL computes.
@@ -88,6 +90,8 @@ typedef struct {
   /* the step around the optimizer */
   bool has_clip;
   double clip_grad_norm;
+  bool clip_norm_given;  /* optc key: the total norm is the input grad_norm_given; no reduction */
+  bool measure_only;     /* optc.grad_norm: the scaled grads' sum of squares, nothing stored */
   long batch_size, gradient_accumulation_steps, epochs, max_steps_per_epoch, max_steps;
   long seed;
   bool has_seed;

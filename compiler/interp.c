@@ -475,8 +475,8 @@ int interp_step_t(const Graph *g, const GroupLayout *l, void *const *tbufs, cons
   memset(res, 0, sizeof *res);
   compute_stages(&in);
 
-  bool ok = !args || args->grads_finite != 0;
-  if (ok && (!args || args->grads_finite < 0))
+  bool ok = !args || args->propagate || args->grads_finite != 0;
+  if (ok && (!args || (!args->propagate && args->grads_finite < 0)))
     ok = grads_finite(&in);
   if (in.reducer)
     ok = in.reducer->all(in.reducer->ctx, ok);
@@ -494,7 +494,7 @@ int interp_step_t(const Graph *g, const GroupLayout *l, void *const *tbufs, cons
       if (g->ins[r].to == SCOPE_STEP) {
         if (res->nred < (int)ARRAY_LEN(res->red))
           res->red[res->nred++] = in.step[r].d;
-        if (!isfinite(in.step[r].d) && l->nchunks > 0)
+        if (!isfinite(in.step[r].d) && !(args && args->propagate) && l->nchunks > 0)
           ok = false;
       }
     }

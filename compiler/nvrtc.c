@@ -61,7 +61,7 @@ int cuda_emit_source(const Graph *g, const CudaTarget *t, Buf *out) { return cud
 static bool nvrtc_check(nvrtcResult r, const char *call, const char *file, int line) {
   if (r == NVRTC_SUCCESS)
     return true;
-  fprintf(stderr, "%s:%d: NVRTC error: %s: %s\n", file, line, nvrtcGetErrorString(r), call);
+  diag_printf("%s:%d: NVRTC error: %s: %s\n", file, line, nvrtcGetErrorString(r), call);
   return false;
 }
 
@@ -121,7 +121,7 @@ static bool choose_arch(const char *want, char *arch, size_t n) {
   }
   snprintf(arch, n, "compute_%d", best);
   if (!virt)
-    fprintf(stderr, "optc: NVRTC cannot make a cubin for %s; compiling PTX for %s, which the driver compiles\n",
+    diag_printf("optc: NVRTC cannot make a cubin for %s; compiling PTX for %s, which the driver compiles\n",
             want, arch);
   return true;
 }
@@ -129,11 +129,11 @@ static bool choose_arch(const char *want, char *arch, size_t n) {
 /* The source with line numbers, for a compile that failed. */
 static void print_numbered(const char *src) {
   int line = 1;
-  fprintf(stderr, "%5d  ", line);
+  diag_printf("%5d  ", line);
   for (const char *p = src; *p; p++) {
     fputc(*p, stderr);
     if (*p == '\n' && p[1])
-      fprintf(stderr, "%5d  ", ++line);
+      diag_printf("%5d  ", ++line);
   }
   fputc('\n', stderr);
 }
@@ -239,7 +239,7 @@ static bool run_nvrtc(CudaProgram *p) {
   if (ok && loglen)
     ok = NVRTC_CHECK(nvrtcGetProgramLog(prog, p->log));
   if (rc != NVRTC_SUCCESS) {
-    fprintf(stderr, "%s:%d: NVRTC error: %s: nvrtcCompileProgram for %s\n--- NVRTC log ---\n%s\n"
+    diag_printf("%s:%d: NVRTC error: %s: nvrtcCompileProgram for %s\n--- NVRTC log ---\n%s\n"
                     "--- the generated source ---\n",
             __FILE__, __LINE__, nvrtcGetErrorString(rc), p->arch, p->log);
     print_numbered(p->source);

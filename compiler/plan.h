@@ -71,6 +71,9 @@ typedef struct {
    * 0 some NaN or Inf, -1 unknown (the executor finds out). */
   int grads_finite;
   const Reducer *reducer; /* NULL: the layout holds the whole group */
+  /* torch's behaviour: NaN and Inf are not looked for, in the grads or in
+   * a step-scope reduction; the step runs and they spread */
+  bool propagate;
 } StepArgs;
 
 typedef struct {

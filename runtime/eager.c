@@ -599,8 +599,8 @@ int eager_run_t(const Graph *g, const GroupLayout *l, void *const *tbufs, const 
   for (int i = 0; i < g->nins; i++)
     e.keep[i] = e.s.cross[i] || (foreach && is_arith(&g->ins[i]));
   memset(res, 0, sizeof *res);
-  bool ok = !args || args->grads_finite != 0;
-  if (ok && (!args || args->grads_finite < 0)) {
+  bool ok = !args || args->propagate || args->grads_finite != 0;
+  if (ok && (!args || (!args->propagate && args->grads_finite < 0))) {
     for (int b = 0; b < g->nbufs && ok; b++)
       if (g->bufs[b].kind == BUF_GRAD)
         for (int p = 0; p < e.npieces && ok; p++)
@@ -623,7 +623,7 @@ int eager_run_t(const Graph *g, const GroupLayout *l, void *const *tbufs, const 
       e.step[r].d = fold_partials(&e, (RedKind)g->ins[r].red);
       if (res->nred < (int)ARRAY_LEN(res->red))
         res->red[res->nred++] = e.step[r].d;
-      if (!isfinite(e.step[r].d) && (e.reducer ? e.reducer->global : l)->nchunks > 0)
+      if (!isfinite(e.step[r].d) && !(args && args->propagate) && (e.reducer ? e.reducer->global : l)->nchunks > 0)
         ok = false;
     }
   }

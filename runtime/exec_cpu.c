@@ -184,8 +184,8 @@ int cpu_step_t(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLa
   memset(res, 0, sizeof *res);
   const Reducer *red = args ? args->reducer : NULL;
   const GroupLayout *gl = red ? red->global : l; /* the chunks the reductions fold over */
-  bool ok = !args || args->grads_finite != 0;
-  if (ok && (!args || args->grads_finite < 0))
+  bool ok = !args || args->propagate || args->grads_finite != 0;
+  if (ok && (!args || (!args->propagate && args->grads_finite < 0)))
     ok = grads_all_finite(g, l, bufs);
   if (red)
     ok = red->all(red->ctx, ok);
@@ -214,7 +214,7 @@ int cpu_step_t(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLa
         step[r].d = acc;
         if (res->nred < (int)ARRAY_LEN(res->red))
           res->red[res->nred++] = acc;
-        if (!isfinite(acc) && gl->nchunks > 0)
+        if (!isfinite(acc) && !(args && args->propagate) && gl->nchunks > 0)
           ok = false;
       } else {
         layout_fold_tensors(gl, global, run.nred, i, is_max, per_tensor);

@@ -157,7 +157,7 @@ static bool cu_check(CUresult r, const char *call, const char *file, int line) {
   const char *name = NULL, *str = NULL;
   drv.GetErrorName(r, &name);
   drv.GetErrorString(r, &str);
-  fprintf(stderr, "%s:%d: CUDA error %d %s: %s: %s\n", file, line, r, name ? name : "?", str ? str : "?", call);
+  diag_printf("%s:%d: CUDA error %d %s: %s: %s\n", file, line, r, name ? name : "?", str ? str : "?", call);
   return false;
 }
 
@@ -496,8 +496,8 @@ int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res) {
   if (!driver() || !ensure_bufs(x))
     return -1;
   size_t nchunks = (size_t)l->nchunks;
-  bool ok = !args || args->grads_finite != 0;
-  if (ok && (!args || args->grads_finite < 0) && nchunks) {
+  bool ok = !args || args->propagate || args->grads_finite != 0;
+  if (ok && (!args || (!args->propagate && args->grads_finite < 0)) && nchunks) {
     /* optc_nonfinite: one flag per chunk */
     if (!launch(x, p->nphases) || !sync_stream(x) ||
         !CU_CHECK(drv.MemcpyDtoH(x->partials, x->d_partials, sizeof(double) * nchunks)))
@@ -537,7 +537,7 @@ int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res) {
         x->step[r].d = acc;
         if (res->nred < (int)ARRAY_LEN(res->red))
           res->red[res->nred++] = acc;
-        if (!isfinite(acc) && nchunks > 0)
+        if (!isfinite(acc) && !(args && args->propagate) && nchunks > 0)
           ok = false;
       } else {
         for (int t = 0; t < l->ntensors; t++)

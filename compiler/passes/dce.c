@@ -1,8 +1,10 @@
 /* dce.c: dead code elimination.
  *
- * A value is live when a store or a live value uses it. Everything else
- * goes, inputs included, and so do state buffers that no live load or
- * store names: the executor then never allocates or streams them. */
+ * A value is live when a store or a live value uses it, and so is a
+ * reduction to step scope: its value is one of the step's results
+ * (StepResult.red; optc.grad_norm's whole point). Everything else goes,
+ * inputs included, and so do state buffers that no live load or store
+ * names: the executor then never allocates or streams them. */
 #include "../passes.h"
 
 void pass_dce(Graph *g) {
@@ -17,7 +19,7 @@ void pass_dce(Graph *g) {
     }
   for (int i = n - 1; i >= 0; i--) {
     Ins *x = &g->ins[i];
-    if (op_info[x->op].flags & F_SIDE)
+    if ((op_info[x->op].flags & F_SIDE) || (x->op == OP_REDUCE && x->to == SCOPE_STEP))
       live[i] = true;
     if (!live[i])
       continue;

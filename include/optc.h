@@ -1,0 +1,192 @@
+/* optc.h: the public C API of liboptc.
+ *
+ * liboptc builds the fused optimizer step of one parameter group (an
+ * optimizer, with grad scaling and clipping in front of it, for one layout:
+ * the dtypes of params, grads and states), compiles it for the CPU (LLVM)
+ * or for CUDA (NVRTC), and runs it in place on memory the caller owns.
+ * Every number it writes is what torch.optim writes (see README, "Torch's
+ * bits").
+ *
+ *   optc_step *s;
+ *   optc_error err;
+ *   optc_spec spec = optc_spec_default("torch.optim.AdamW");
+ *   spec.param_dtype = spec.grad_dtype = spec.state_dtype = OPTC_BF16;
+ *   if (optc_step_new(&spec, &s, &err) != OPTC_OK) ... err.message ...
+ *   ... allocate each state as optc_step_state_* says ...
+ *   optc_scalar sc[] = {{"lr", 1e-4}, {"step", 1}};
+ *   optc_result res;
+ *   if (optc_step_run(s, &buffers, sc, 2, &res, &err) != OPTC_OK) ...
+ *   optc_step_free(s);
+ *
+ * Conventions:
+ * - Every function that can fail returns an optc_status and, when err is
+ *   not NULL, fills *err with the code and a message (for a recipe, with
+ *   file:line:col and the source line). Bad input never exits or aborts
+ *   the process, and a failed call changes nothing the caller owns.
+ * - Hyperparameters are runtime scalars, named as torch names them (lr,
+ *   beta1, beta2, eps, weight_decay, momentum, dampening, alpha, lr_decay,
+ *   initial_accumulator_value, step) plus the prelude's (num_tokens,
+ *   world_size, grad_scale, max_norm, grad_norm_given) and torch_threads
+ *   (torch's intra-op thread count, which some 16-bit for-loop bits depend
+ *   on: give torch.get_num_threads()).
+ *   Changing one between runs never recompiles. Only what changes the
+ *   graph is fixed when a step is built: the optimizer, the dtypes, fused,
+ *   clip, the bool options (amsgrad, maximize, nesterov, centered), and
+ *   whether weight_decay and momentum are zero.
+ * - A step object may be run from one thread at a time; different step
+ *   objects are independent. Compiled code is cached in memory and on disk
+ *   ($XDG_CACHE_HOME/optc, or ~/.cache/optc; OPTC_CACHE=0 turns it off), so
+ *   building the same step again takes well under a millisecond.
+ *
+ * Versioning: the shared library's soname is liboptc.so.OPTC_ABI_VERSION;
+ * it changes when this header changes incompatibly. */
+#ifndef OPTC_H
+#define OPTC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define OPTC_ABI_VERSION 0
+#define OPTC_VERSION_STRING "0.2.0"
+
+/* The library's version, "0.2.0". */
+const char *optc_version(void);
+
+/* ---- errors ------------------------------------------------------------------ */
+typedef enum {
+  OPTC_OK = 0,
+  OPTC_ERR_INVALID = 1,   /* a bad argument: NULL where a value is needed, a count out of range,
+                             an unknown scalar name, a buffer table that does not fit the step */
+  OPTC_ERR_SPEC = 2,      /* the recipe or spec does not make a step: an unknown optimizer or key,
+                             a value out of torch's range, an option this optimizer lacks */
+  OPTC_ERR_COMPILE = 3,   /* the backend could not compile it, or was not built in */
+  OPTC_ERR_DEVICE = 4,    /* CUDA: no driver or device, or a launch failed */
+  OPTC_ERR_NONFINITE = 5, /* a NaN or infinite grad, with nonfinite = OPTC_NONFINITE_ERROR */
+} optc_status;
+
+typedef struct {
+  optc_status code;
+  char message[4096]; /* NUL-terminated; empty when code is OPTC_OK */
+} optc_error;
+
+/* ---- building a step ---------------------------------------------------------- */
+typedef enum { OPTC_F32 = 0, OPTC_BF16 = 1, OPTC_F16 = 2 } optc_dtype;
+typedef enum { OPTC_TARGET_CPU = 0, OPTC_TARGET_CUDA = 1 } optc_target;
+
+/* What a NaN or infinite grad does. PROPAGATE is torch's behaviour: the
+ * step runs and the NaNs spread. SKIP leaves params, states and the step
+ * count unchanged and reports it; ERROR does the same and fails. */
+typedef enum { OPTC_NONFINITE_PROPAGATE = 0, OPTC_NONFINITE_SKIP = 1, OPTC_NONFINITE_ERROR = 2 } optc_nonfinite;
+
+/* clip_grad_norm_ in front of the optimizer. NORM: the step computes the
+ * total norm of its grads (after scaling) in a first pass over them, then
+ * clips and steps in a second. GIVEN: the caller gives the total norm as
+ * the scalar grad_norm_given (e.g. summed over several steps' groups: see
+ * optc.grad_norm below) and the step is one pass. */
+typedef enum { OPTC_CLIP_NONE = 0, OPTC_CLIP_NORM = 1, OPTC_CLIP_GIVEN = 2 } optc_clip;
+
+/* One name=value: a bool option ("amsgrad", 1) or a hyperparameter's
+ * value at build time ("momentum", 0.9), which also sets the default the
+ * runs use when they do not give it. */
+typedef struct {
+  const char *name;
+  double value;
+} optc_scalar;
+
+typedef struct {
+  const char *optimizer;  /* torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD, torch.optim.Adagrad,
+                             torch.optim.RMSprop, optc.Lion (or adamw, adam, sgd, adagrad, rmsprop, lion);
+                             or optc.grad_norm: no optimizer, the run only measures the grads' (scaled)
+                             sum of squares into optc_result.grad_sumsq and writes nothing */
+  optc_dtype param_dtype, grad_dtype, state_dtype;
+  int fused;              /* 1: the bits of torch's fused=True kernel; 0: the for-loop's */
+  optc_clip clip;         /* clip_grad_norm_ before the optimizer (scalar max_norm) */
+  int write_back_grads;   /* 1: store the scaled/clipped grads back into the grad buffers */
+  optc_nonfinite nonfinite;
+  const char *torch_cpu;  /* the torch CPU build whose bits to give: "avx512", "avx2", NULL = this CPU's */
+  optc_target target;
+  const optc_scalar *options; /* noptions build-time options and hyperparameters */
+  int noptions;
+} optc_spec;
+
+/* A spec for optimizer with torch's defaults: f32 everywhere, for-loop,
+ * no clip, nonfinite PROPAGATE, the CPU target. */
+optc_spec optc_spec_default(const char *optimizer);
+
+typedef struct optc_step optc_step;
+
+/* Builds and compiles the step a spec describes. *out is freed with
+ * optc_step_free. */
+optc_status optc_step_new(const optc_spec *spec, optc_step **out, optc_error *err);
+/* The same from a torchtune-shaped recipe's text (the optimizer section,
+ * dtype, optimizer_state_dtype, clip_grad_norm, ...: README, "Recipes"),
+ * with torchtune-style key=value overrides; `name` is used in messages. */
+optc_status optc_step_from_recipe(const char *name, const char *yaml, const char *const *overrides,
+                                  int noverrides, optc_target target, optc_step **out, optc_error *err);
+void optc_step_free(optc_step *s);
+
+/* ---- what a step keeps per tensor --------------------------------------------- */
+/* The optimizer's states, in the order optc_buffers.state takes them, with
+ * torch's state_dict names (exp_avg, exp_avg_sq, max_exp_avg_sq,
+ * momentum_buffer, sum, square_avg, grad_avg) and dtypes. */
+int optc_step_num_states(const optc_step *s);
+const char *optc_step_state_name(const optc_step *s, int k);
+optc_dtype optc_step_state_dtype(const optc_step *s, int k);
+/* How state k starts, as torch creates it: OPTC_INIT_ZERO (zeros_like(p)),
+ * OPTC_INIT_VALUE (full_like(p, value): Adagrad's initial_accumulator_value,
+ * as built) or OPTC_INIT_PARAM (a copy of the param: master weights). */
+typedef enum { OPTC_INIT_ZERO = 0, OPTC_INIT_VALUE = 1, OPTC_INIT_PARAM = 2 } optc_init;
+optc_init optc_step_state_init(const optc_step *s, int k, double *value);
+/* The runtime scalars the step reads, and each one's default (NaN: it has
+ * none and must be given, as "step" must). */
+int optc_step_num_scalars(const optc_step *s);
+const char *optc_step_scalar_name(const optc_step *s, int i, double *dflt);
+/* Bytes one run moves per element (the traffic model), and the step's IR
+ * and phase plan as text (a pointer into the step, valid until it is freed). */
+int optc_step_bytes_per_element(const optc_step *s);
+const char *optc_step_ir(const optc_step *s);
+const char *optc_step_plan(const optc_step *s);
+
+/* ---- running a step ----------------------------------------------------------- */
+/* The caller's memory: ntensors tensors, each contiguous, in the dtypes the
+ * step was built for. param[t] and grad[t] point at tensor t's first
+ * element; state[k * ntensors + t] at its state k's (k in optc_step_state_*
+ * order). A tensor with numel 0 may have NULL pointers. Nothing is copied:
+ * the run reads and writes these in place. */
+typedef struct {
+  int ntensors;
+  const int64_t *numel;  /* (ntensors) */
+  void *const *param;    /* (ntensors) */
+  void *const *grad;     /* (ntensors) */
+  void *const *state;    /* (nstates * ntensors) */
+  void *stream;          /* CUDA: a CUstream, or NULL for the default stream; CPU: ignored */
+} optc_buffers;
+
+typedef struct {
+  double grad_norm;  /* the total grad norm the step used (computed, or given), or NaN without clipping */
+  double grad_sumsq; /* the sum of squares of the scaled grads it computed (CLIP_NORM, optc.grad_norm),
+                        in f64 over fixed 4096-element blocks: sums of several steps' add up to the
+                        sum over all their tensors, the same for any thread count */
+  int skipped;       /* 1: non-finite grads, nothing was written (SKIP and ERROR) */
+} optc_result;
+
+/* One optimizer step. scalars override the defaults by name (unknown names
+ * are an error; names the optimizer declares but this build does not read,
+ * such as momentum when it was built zero, are accepted if they keep the
+ * build's choice). grad_scale, when given (> 0), multiplies the grads (as
+ * an f32 0-dim tensor in torch would); else they are multiplied by
+ * world_size / num_tokens as torchtune's scale_grads does (1 by default).
+ * threads: 0 for every core this process may use (CPU only). The call
+ * returns when the step is done (CUDA: queued on the stream and, when it
+ * clips, synchronized for the norm). */
+optc_status optc_step_run(optc_step *s, const optc_buffers *b, const optc_scalar *scalars, int nscalars,
+                          int threads, optc_result *res, optc_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,341 @@
+/* test_api: liboptc through include/optc.h alone (linked against the
+ * shared library, nothing else of optc).
+ *
+ * - steps over tensors that are separate allocations, sized so that every
+ *   tail is short, with nothing past their ends touched (guard bytes);
+ * - the numbers: SGD and AdamW computed here in plain C as torch computes
+ *   them (fp32, IEEE sqrt: torch_cpu avx2), bit for bit, over 3 steps;
+ * - a schedule: lr changes between runs, same step object;
+ * - clipping: NORM against GIVEN with the norm NORM reported, and
+ *   optc.grad_norm's sum of squares;
+ * - nonfinite grads: PROPAGATE, SKIP, ERROR;
+ * - bad input: every one an error code and a message, never an exit. */
+#include "optc.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures, checks;
+#define CHECK(c, ...)                                                                \
+  do {                                                                               \
+    checks++;                                                                        \
+    if (!(c)) {                                                                      \
+      failures++;                                                                    \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__);                                    \
+      printf(__VA_ARGS__);                                                           \
+      printf("\n");                                                                  \
+    }                                                                                \
+  } while (0)
+
+enum { NT = 4, GUARD = 64 };
+static const int64_t numel[NT] = {7, 1, 1000, 4097};
+
+static uint64_t rng = 12345;
+static float uniform(void) {
+  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+  return (float)((double)(rng >> 11) / 9007199254740992.0) * 2 - 1;
+}
+
+/* n floats with GUARD poisoned floats after them */
+static float *alloc_tensor(int64_t n) {
+  float *p = malloc(sizeof(float) * (size_t)(n + GUARD));
+  for (int64_t i = 0; i < n + GUARD; i++)
+    p[i] = i < n ? uniform() : -12345.0f;
+  return p;
+}
+
+static int guards_intact(float *p, int64_t n) {
+  for (int64_t i = n; i < n + GUARD; i++)
+    if (p[i] != -12345.0f)
+      return 0;
+  return 1;
+}
+
+typedef struct {
+  float *param[NT], *grad[NT], *state[4][NT];
+  void *pp[NT], *gp[NT], *sp[4 * NT];
+  optc_buffers b;
+} Tensors;
+
+static void tensors_init(Tensors *t, int nstates) {
+  memset(t, 0, sizeof *t);
+  for (int i = 0; i < NT; i++) {
+    t->pp[i] = t->param[i] = alloc_tensor(numel[i]);
+    t->gp[i] = t->grad[i] = alloc_tensor(numel[i]);
+    for (int k = 0; k < nstates; k++) {
+      t->state[k][i] = alloc_tensor(numel[i]);
+      memset(t->state[k][i], 0, sizeof(float) * (size_t)numel[i]);
+      t->sp[k * NT + i] = t->state[k][i];
+    }
+  }
+  t->b = (optc_buffers){.ntensors = NT, .numel = numel, .param = t->pp, .grad = t->gp, .state = t->sp};
+}
+
+static void tensors_free(Tensors *t) {
+  for (int i = 0; i < NT; i++) {
+    free(t->param[i]);
+    free(t->grad[i]);
+    for (int k = 0; k < 4; k++)
+      free(t->state[k][i]);
+  }
+}
+
+static int all_guards(Tensors *t, int nstates) {
+  int ok = 1;
+  for (int i = 0; i < NT; i++) {
+    ok &= guards_intact(t->param[i], numel[i]) && guards_intact(t->grad[i], numel[i]);
+    for (int k = 0; k < nstates; k++)
+      ok &= guards_intact(t->state[k][i], numel[i]);
+  }
+  return ok;
+}
+
+static int bits_equal(float a, float b) { return memcmp(&a, &b, 4) == 0; }
+
+/* SGD with momentum 0.9, dampening 0.1, weight decay 0.01, as torch's
+ * for-loop computes it in fp32: grad.add(param, alpha=wd) is one fma, and
+ * so are buf.mul_(m).add_(grad, alpha=1-d) and param.add_(buf, alpha=-lr). */
+static void test_sgd(void) {
+  optc_scalar opts[] = {{"momentum", 0.9}, {"dampening", 0.1}, {"weight_decay", 0.01}};
+  optc_spec spec = optc_spec_default("torch.optim.SGD");
+  spec.options = opts;
+  spec.noptions = 3;
+  optc_step *s = NULL;
+  optc_error err;
+  CHECK(optc_step_new(&spec, &s, &err) == OPTC_OK, "SGD builds: %s", err.message);
+  if (!s)
+    return;
+  CHECK(optc_step_num_states(s) == 1 && !strcmp(optc_step_state_name(s, 0), "momentum_buffer"),
+        "SGD keeps one state, momentum_buffer");
+  Tensors t;
+  tensors_init(&t, 1);
+  float *p0[NT], *buf[NT];
+  for (int i = 0; i < NT; i++) {
+    p0[i] = malloc(sizeof(float) * (size_t)numel[i]);
+    buf[i] = calloc((size_t)numel[i], sizeof(float));
+    memcpy(p0[i], t.param[i], sizeof(float) * (size_t)numel[i]);
+  }
+  int same = 1;
+  for (int step = 1; step <= 3; step++) {
+    double lr = 0.1 / step; /* a schedule: no rebuild */
+    optc_scalar sc[] = {{"lr", lr}, {"step", step}};
+    optc_result res;
+    CHECK(optc_step_run(s, &t.b, sc, 2, step, &res, &err) == OPTC_OK, "SGD step %d: %s", step, err.message);
+    for (int i = 0; i < NT; i++)
+      for (int64_t j = 0; j < numel[i]; j++) {
+        float g = fmaf((float)0.01, p0[i][j], t.grad[i][j]);
+        float b = step == 1 ? g : fmaf((float)(1 - 0.1), g, buf[i][j] * (float)0.9);
+        buf[i][j] = b;
+        p0[i][j] = fmaf((float)-lr, b, p0[i][j]);
+        same &= bits_equal(p0[i][j], t.param[i][j]) && bits_equal(b, t.state[0][i][j]);
+      }
+  }
+  CHECK(same, "SGD: torch's bits over 3 steps, lr changing");
+  CHECK(all_guards(&t, 1), "SGD: nothing past any tensor's end was touched");
+  /* a build decision cannot change at run time */
+  optc_scalar zero[] = {{"lr", 0.1}, {"step", 4}, {"momentum", 0.0}};
+  CHECK(optc_step_run(s, &t.b, zero, 3, 1, NULL, &err) == OPTC_ERR_INVALID && strstr(err.message, "momentum"),
+        "momentum 0 on a step built with momentum: %s", err.message);
+  optc_scalar unknown[] = {{"lr", 0.1}, {"step", 4}, {"betas", 0.9}};
+  CHECK(optc_step_run(s, &t.b, unknown, 3, 1, NULL, &err) == OPTC_ERR_INVALID && strstr(err.message, "betas"),
+        "an unknown scalar: %s", err.message);
+  optc_scalar neg[] = {{"lr", -1.0}, {"step", 4}};
+  CHECK(optc_step_run(s, &t.b, neg, 2, 1, NULL, &err) == OPTC_ERR_INVALID && strstr(err.message, "lr"),
+        "lr out of range: %s", err.message);
+  for (int i = 0; i < NT; i++)
+    free(p0[i]), free(buf[i]);
+  tensors_free(&t);
+  optc_step_free(s);
+}
+
+/* AdamW's first three steps in fp32 with IEEE sqrt (torch_cpu avx2). */
+static void test_adamw(void) {
+  optc_scalar opts[] = {{"weight_decay", 0.01}};
+  optc_spec spec = optc_spec_default("adamw");
+  spec.options = opts;
+  spec.noptions = 1;
+  spec.torch_cpu = "avx2";
+  optc_step *s = NULL;
+  optc_error err;
+  CHECK(optc_step_new(&spec, &s, &err) == OPTC_OK, "AdamW builds: %s", err.message);
+  if (!s)
+    return;
+  CHECK(optc_step_num_states(s) == 2, "AdamW keeps exp_avg and exp_avg_sq (%d)", optc_step_num_states(s));
+  CHECK(optc_step_bytes_per_element(s) == 28, "AdamW fp32 moves 28 bytes per element (%d)", optc_step_bytes_per_element(s));
+  Tensors t;
+  tensors_init(&t, 2);
+  int same = 1;
+  double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.01;
+  float *p[NT], *m[NT], *v[NT];
+  for (int i = 0; i < NT; i++) {
+    p[i] = malloc(sizeof(float) * (size_t)numel[i]);
+    m[i] = calloc((size_t)numel[i], sizeof(float));
+    v[i] = calloc((size_t)numel[i], sizeof(float));
+    memcpy(p[i], t.param[i], sizeof(float) * (size_t)numel[i]);
+  }
+  for (int step = 1; step <= 3; step++) {
+    optc_scalar sc[] = {{"step", step}};
+    CHECK(optc_step_run(s, &t.b, sc, 1, 2, NULL, &err) == OPTC_OK, "AdamW step %d: %s", step, err.message);
+    double bc1 = 1 - pow(b1, step), bc2 = 1 - pow(b2, step), ss = lr / bc1, bc2s = pow(bc2, 0.5);
+    for (int i = 0; i < NT; i++)
+      for (int64_t j = 0; j < numel[i]; j++) {
+        float g = t.grad[i][j];
+        float pp = p[i][j] * (float)(1 - lr * wd);
+        float w = (float)(1 - b1);
+        m[i][j] = fmaf(w, g - m[i][j], m[i][j]);
+        v[i][j] = fmaf((float)(1 - b2) * g, g, v[i][j] * (float)b2);
+        float denom = sqrtf(v[i][j]) / (float)bc2s + (float)eps;
+        p[i][j] = pp + ((float)-ss * m[i][j]) / denom;
+        same &= bits_equal(p[i][j], t.param[i][j]) && bits_equal(m[i][j], t.state[0][i][j]) &&
+                bits_equal(v[i][j], t.state[1][i][j]);
+      }
+  }
+  CHECK(same, "AdamW: torch's bits over 3 steps");
+  CHECK(all_guards(&t, 2), "AdamW: nothing past any tensor's end was touched");
+  for (int i = 0; i < NT; i++)
+    free(p[i]), free(m[i]), free(v[i]);
+  tensors_free(&t);
+  optc_step_free(s);
+}
+
+/* Clipping: the norm computed in the step, the same norm given, and
+ * optc.grad_norm's measure, all agree; NORM and GIVEN give the same bytes. */
+static void test_clip(void) {
+  optc_spec spec = optc_spec_default("torch.optim.SGD");
+  spec.clip = OPTC_CLIP_NORM;
+  optc_step *norm = NULL, *given = NULL, *measure = NULL;
+  optc_error err;
+  CHECK(optc_step_new(&spec, &norm, &err) == OPTC_OK, "SGD clip NORM: %s", err.message);
+  spec.clip = OPTC_CLIP_GIVEN;
+  CHECK(optc_step_new(&spec, &given, &err) == OPTC_OK, "SGD clip GIVEN: %s", err.message);
+  optc_spec m = optc_spec_default("optc.grad_norm");
+  CHECK(optc_step_new(&m, &measure, &err) == OPTC_OK, "optc.grad_norm: %s", err.message);
+  if (!norm || !given || !measure)
+    return;
+  Tensors a, b;
+  rng = 777;
+  tensors_init(&a, 0);
+  rng = 777;
+  tensors_init(&b, 0);
+  optc_scalar scale[] = {{"grad_scale", 0.25}};
+  optc_result rm, ra, rb;
+  CHECK(optc_step_run(measure, &a.b, scale, 1, 1, &rm, &err) == OPTC_OK, "measure: %s", err.message);
+  optc_scalar sa[] = {{"lr", 0.1}, {"max_norm", 0.5}, {"grad_scale", 0.25}};
+  CHECK(optc_step_run(norm, &a.b, sa, 3, 2, &ra, &err) == OPTC_OK, "NORM: %s", err.message);
+  CHECK(ra.grad_sumsq == rm.grad_sumsq && ra.grad_norm == sqrt(rm.grad_sumsq) && ra.grad_norm > 0.5,
+        "the step's norm is optc.grad_norm's: %.17g, %.17g", ra.grad_norm, sqrt(rm.grad_sumsq));
+  optc_scalar sb[] = {{"lr", 0.1}, {"max_norm", 0.5}, {"grad_scale", 0.25}, {"grad_norm_given", ra.grad_norm}};
+  CHECK(optc_step_run(given, &b.b, sb, 4, 3, &rb, &err) == OPTC_OK, "GIVEN: %s", err.message);
+  int same = 1;
+  for (int i = 0; i < NT; i++)
+    same &= memcmp(a.param[i], b.param[i], sizeof(float) * (size_t)numel[i]) == 0;
+  CHECK(same && rb.grad_norm == ra.grad_norm, "NORM and GIVEN give the same bytes");
+  optc_scalar none[] = {{"lr", 0.1}, {"max_norm", 0.5}};
+  CHECK(optc_step_run(given, &b.b, none, 2, 1, &rb, &err) == OPTC_ERR_INVALID && strstr(err.message, "grad_norm_given"),
+        "GIVEN without the norm: %s", err.message);
+  tensors_free(&a);
+  tensors_free(&b);
+  optc_step_free(norm);
+  optc_step_free(given);
+  optc_step_free(measure);
+}
+
+static void test_nonfinite(void) {
+  optc_nonfinite modes[] = {OPTC_NONFINITE_PROPAGATE, OPTC_NONFINITE_SKIP, OPTC_NONFINITE_ERROR};
+  for (int k = 0; k < 3; k++) {
+    optc_spec spec = optc_spec_default("torch.optim.SGD");
+    spec.nonfinite = modes[k];
+    optc_step *s = NULL;
+    optc_error err;
+    CHECK(optc_step_new(&spec, &s, &err) == OPTC_OK, "SGD nonfinite %d: %s", k, err.message);
+    if (!s)
+      continue;
+    Tensors t;
+    tensors_init(&t, 0);
+    t.grad[2][500] = NAN;
+    float before = t.param[3][7];
+    optc_scalar sc[] = {{"lr", 0.1}};
+    optc_result res;
+    optc_status st = optc_step_run(s, &t.b, sc, 1, 1, &res, &err);
+    if (k == 0)
+      CHECK(st == OPTC_OK && !res.skipped && isnan(t.param[2][500]) && t.param[3][7] != before,
+            "PROPAGATE: the step runs and the NaN spreads, as in torch");
+    else if (k == 1)
+      CHECK(st == OPTC_OK && res.skipped && !isnan(t.param[2][500]) && t.param[3][7] == before,
+            "SKIP: nothing changes, and it says so");
+    else
+      CHECK(st == OPTC_ERR_NONFINITE && t.param[3][7] == before && strstr(err.message, "non-finite"),
+            "ERROR: an error, nothing changed: %s", err.message);
+    tensors_free(&t);
+    optc_step_free(s);
+  }
+}
+
+static void test_bad_input(void) {
+  optc_step *s = NULL;
+  optc_error err;
+  optc_spec spec = optc_spec_default("torch.optim.Adamax");
+  CHECK(optc_step_new(&spec, &s, &err) == OPTC_ERR_SPEC && strstr(err.message, "Adamax") && !s,
+        "an unknown optimizer: %s", err.message);
+  optc_scalar bad[] = {{"betas", 0.9}};
+  spec = optc_spec_default("torch.optim.AdamW");
+  spec.options = bad;
+  spec.noptions = 1;
+  CHECK(optc_step_new(&spec, &s, &err) == OPTC_ERR_SPEC && strstr(err.message, "betas"), "a scalar betas: %s",
+        err.message);
+  optc_scalar lr[] = {{"lr", -0.5}};
+  spec.options = lr;
+  CHECK(optc_step_new(&spec, &s, &err) == OPTC_ERR_SPEC && strstr(err.message, "out of range"),
+        "a negative lr: %s", err.message);
+  spec = optc_spec_default("torch.optim.RMSprop");
+  spec.fused = 1;
+  CHECK(optc_step_new(&spec, &s, &err) == OPTC_ERR_SPEC && strstr(err.message, "fused"), "fused RMSprop: %s",
+        err.message);
+  spec = optc_spec_default("sgd");
+  spec.param_dtype = (optc_dtype)9;
+  CHECK(optc_step_new(&spec, &s, &err) == OPTC_ERR_INVALID, "a bad dtype: %s", err.message);
+  CHECK(optc_step_new(NULL, &s, &err) == OPTC_ERR_INVALID, "no spec");
+  const char *yaml = "optimizer:\n  _component_: torch.optim.AdamW\n  lr: [1, 2]\n";
+  CHECK(optc_step_from_recipe("r.yaml", yaml, NULL, 0, OPTC_TARGET_CPU, &s, &err) == OPTC_ERR_SPEC &&
+            strstr(err.message, "r.yaml:3:"),
+        "a recipe's error has its position: %s", err.message);
+  const char *ov[] = {"optimizer.lr=0.5", "clip_grad_norm=1.0"};
+  yaml = "optimizer:\n  _component_: torch.optim.AdamW\n";
+  CHECK(optc_step_from_recipe("r.yaml", yaml, ov, 2, OPTC_TARGET_CPU, &s, &err) == OPTC_OK && s,
+        "a recipe with overrides: %s", err.message);
+  if (s) {
+    CHECK(strstr(optc_step_ir(s), "max_norm") && strstr(optc_step_plan(s), "phase 1"), "its IR and plan");
+    optc_buffers b = {.ntensors = 1};
+    CHECK(optc_step_run(s, &b, NULL, 0, 1, NULL, &err) == OPTC_ERR_INVALID, "a NULL numel table: %s", err.message);
+    int64_t n1 = 5;
+    void *null[1] = {NULL};
+    b = (optc_buffers){.ntensors = 1, .numel = &n1, .param = null, .grad = null, .state = null};
+    optc_scalar sc[] = {{"step", 1}};
+    CHECK(optc_step_run(s, &b, sc, 1, 1, NULL, &err) == OPTC_ERR_INVALID && strstr(err.message, "NULL"),
+          "NULL tensor pointers: %s", err.message);
+    int64_t n0 = 0;
+    b.numel = &n0;
+    CHECK(optc_step_run(s, &b, sc, 1, 1, NULL, &err) == OPTC_OK, "an empty tensor may be NULL: %s", err.message);
+    CHECK(optc_step_run(s, &b, NULL, 0, 1, NULL, &err) == OPTC_ERR_INVALID && strstr(err.message, "step"),
+          "no step: %s", err.message);
+    optc_step_free(s);
+  }
+  spec = optc_spec_default("sgd");
+  spec.target = OPTC_TARGET_CUDA;
+  optc_status st = optc_step_new(&spec, &s, &err);
+  CHECK(st == OPTC_OK || st == OPTC_ERR_COMPILE, "CUDA builds or says why: %s", err.message);
+  optc_step_free(s);
+}
+
+int main(void) {
+  printf("liboptc %s\n", optc_version());
+  test_sgd();
+  test_adamw();
+  test_clip();
+  test_nonfinite();
+  test_bad_input();
+  printf("test_api: %d checks, %d failed\n", checks, failures);
+  return failures != 0;
+}
