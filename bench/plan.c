@@ -117,6 +117,8 @@ int cmd_plan(int argc, char **argv) {
   int rc = 1;
   double t0 = now_seconds();
   Recipe *r = recipe_load(config, ov, nov, arena);
+  if (r)
+    recipe_note_unused(r);
   Graph *g = r ? frontend_build(r) : NULL;
   double frontend_ms = (now_seconds() - t0) * 1e3;
   if (!g)

@@ -51,7 +51,7 @@ int bench_step(int argc, char **argv) {
         free(ov);
         return 2;
       }
-    } else if (strchr(a, '=') && a[0] != '-') {
+    } else if (a[0] == '~' || (strchr(a, '=') && a[0] != '-')) {
       ov[nov++] = a;
     } else {
       error("unknown option '%s' (see optc bench step --help)", a);

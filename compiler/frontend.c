@@ -12,6 +12,7 @@
 #include <math.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 /* ---- built-in optimizers --------------------------------------------------- */
 
@@ -29,6 +30,18 @@ static const Component components[] = {
 /* Keys torch accepts that choose an implementation, not the math. optc
  * always runs its own fused kernel, so they are checked and set aside. */
 static const char *const impl_keys[] = {"foreach", "fused", "capturable", "differentiable"};
+
+/* The bodies' own knobs for torch's rounding on the CPU, set from the recipe's
+ * torch_cpu and dtypes (bind_torch_cpu) or at run time (torch_threads): not
+ * optimizer keys. */
+static const char *const torch_cpu_knobs[] = {"mkl_sqrt", "lowp", "fused_vec", "torch_vec", "torch_threads"};
+
+static bool is_torch_cpu_knob(const char *name) {
+  for (size_t k = 0; k < ARRAY_LEN(torch_cpu_knobs); k++)
+    if (strcmp(torch_cpu_knobs[k], name) == 0)
+      return true;
+  return false;
+}
 
 TorchCpu torch_cpu_host(void) {
   /* ATen's AVX512 capability needs F, BW, VL and DQ; MKL's AVX-512 code
@@ -99,22 +112,134 @@ static const KeySpec top_keys[] = {
     {"resume_from_checkpoint", K_BOOL}, {"batch_size", K_INT}, {"epochs", K_INT},
     {"optimizer", K_MAP}, {"lr_scheduler", K_MAP_OR_NULL}, {"loss", K_MAP},
     {"max_steps_per_epoch", K_INT_OR_NULL}, {"gradient_accumulation_steps", K_INT},
-    {"clip_grad_norm", K_NUM_OR_NULL}, {"optimizer_in_bwd", K_BOOL}, {"device", K_STR},
-    {"enable_activation_checkpointing", K_BOOL}, {"enable_activation_offloading", K_BOOL},
-    {"activation_offloading_use_streams", K_BOOL}, {"fsdp_cpu_offload", K_BOOL},
-    {"fsdp_reshard_after_forward", K_BOOL}, {"compile", K_BOOL_OR_MAP}, {"dtype", K_STR},
-    {"metric_logger", K_MAP}, {"log_every_n_steps", K_INT}, {"log_peak_memory_stats", K_BOOL},
-    {"log_level", K_STR}, {"profiler", K_MAP}, {"tensor_parallel_dim", K_INT},
-    {"tensor_parallel_plan", K_MAP}, {"data_parallel_shard_dim", K_INT},
-    {"data_parallel_replicate_dim", K_INT}, {"custom_sharded_layers", K_SEQ},
-    {"cudnn_deterministic_mode", K_BOOL}, {"run_val_every_n_steps", K_INT_OR_NULL},
-    {"dataset_val", K_MAP_OR_NULL},
+    {"clip_grad_norm", K_NUM_OR_NULL}, {"fsdp_cpu_offload", K_BOOL}, {"compile", K_BOOL_OR_MAP},
+    {"dtype", K_STR}, {"metric_logger", K_MAP}, {"log_every_n_steps", K_INT},
+    {"run_val_every_n_steps", K_INT_OR_NULL}, {"save_every_n_steps", K_INT_OR_NULL},
+    {"collate_fn", K_STR},
     /* optc */
     {"optimizer_state_dtype", K_STR}, {"master_weights", K_BOOL}, {"stochastic_rounding", K_BOOL},
     {"nonfinite_grads", K_STR}, {"max_steps", K_INT_OR_NULL}, {"write_back_grads", K_BOOL},
     {"torch_cpu", K_STR}, {"clip_norm_given", K_BOOL},
-    {"save_every_n_steps", K_INT_OR_NULL},
+    /* torchtune's, accepted but not used by optc: where the work runs, how it
+     * is split across devices, what is logged or profiled, and validation,
+     * none of which changes the trained weights */
+    {"optimizer_in_bwd", K_BOOL}, {"device", K_STR}, {"enable_activation_checkpointing", K_BOOL},
+    {"enable_activation_offloading", K_BOOL}, {"activation_offloading_use_streams", K_BOOL},
+    {"fsdp_reshard_after_forward", K_BOOL}, {"log_peak_memory_stats", K_BOOL}, {"log_level", K_ANY},
+    {"profiler", K_MAP_OR_NULL}, {"tensor_parallel_dim", K_INT}, {"tensor_parallel_plan", K_MAP_OR_NULL},
+    {"data_parallel_shard_dim", K_INT}, {"data_parallel_replicate_dim", K_INT},
+    {"context_parallel_dim", K_INT}, {"custom_sharded_layers", K_ANY}, {"cudnn_deterministic_mode", K_BOOL},
+    {"dataset_val", K_ANY}, {"batch_size_val", K_ANY}, {"ac_mode", K_ANY}, {"ac_option", K_ANY},
+    {"enable_async_checkpointing", K_BOOL}, {"profile_memory", K_BOOL}, {"memory_efficient_fsdp_wrap", K_BOOL},
+    {"low_cpu_ram", K_BOOL}, {"enable_fp8_training", K_BOOL}, {"fp8_recipe_name", K_ANY},
+    {"resize_token_embeddings", K_BOOL},
 };
+/* where the keys that optc does not use begin in top_keys */
+static const char *const first_unused_key = "optimizer_in_bwd";
+
+/* torchtune's keys for features optc lacks, whose value would change what is
+ * computed: refused, naming the feature. `if_true` ones only when set. */
+static const struct {
+  const char *key, *feature;
+  bool if_true;
+} refused_keys[] = {
+    {"save_adapter_weights_only", "LoRA (optc does full finetuning only)", false},
+    {"quantizer", "quantization-aware training (QAT)", false},
+    {"teacher_model", "knowledge distillation", false},
+    {"kd_loss", "knowledge distillation", false},
+    {"ref_checkpointer", "preference training (DPO/PPO)", false},
+    {"resize_token_embeddings", "resizing the token embeddings to the tokenizer", true},
+    {"enable_fp8_training", "fp8 training", true},
+};
+
+static int key_index(const KeySpec *keys, int n, const char *key) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(keys[i].key, key) == 0)
+      return i;
+  return -1;
+}
+
+static bool refused_feature(const char *key) {
+  for (size_t k = 0; k < ARRAY_LEN(refused_keys); k++)
+    if (strcmp(refused_keys[k].key, key) == 0)
+      return true;
+  return false;
+}
+
+static bool refuse_features(const YamlNode *root) {
+  for (size_t k = 0; k < ARRAY_LEN(refused_keys); k++) {
+    int i = yaml_index(root, refused_keys[k].key);
+    if (i < 0)
+      continue;
+    bool on = true;
+    if (refused_keys[k].if_true && (yaml_is_null(root->items[i]) || !yaml_bool(root->items[i], refused_keys[k].key, &on)))
+      on = false;
+    if (on) {
+      error_at(root->key_pos[i], "%s: optc does not support %s", refused_keys[k].key, refused_keys[k].feature);
+      return false;
+    }
+  }
+  const YamlNode *c = yaml_get(root, "collate_fn");
+  if (c && c->kind == YAML_SCALAR && strcmp(c->str, "torchtune.data.padded_collate_sft") != 0) {
+    error_at(c->pos, "collate_fn: optc batches as torchtune.data.padded_collate_sft does; '%s' is not supported",
+             c->str);
+    return false;
+  }
+  return true;
+}
+
+/* Whether some value in n refers to top-level key `key` (${key} or ${key.x}):
+ * then key is the config's own variable, as torchtune's configs use them. */
+static bool is_referenced(const YamlNode *n, const char *key) {
+  if (n->kind == YAML_SEQ || n->kind == YAML_MAP) {
+    for (int i = 0; i < n->n; i++)
+      if (is_referenced(n->items[i], key))
+        return true;
+    return false;
+  }
+  size_t k = strlen(key);
+  for (const char *p = n->kind == YAML_SCALAR ? strstr(n->str, "${") : NULL; p; p = strstr(p + 2, "${"))
+    if (strncmp(p + 2, key, k) == 0 && (p[2 + k] == '}' || p[2 + k] == '.'))
+      return true;
+  return false;
+}
+
+static bool is_top_key(const char *key) { return key_index(top_keys, ARRAY_LEN(top_keys), key) >= 0; }
+
+/* The root without the keys other values refer to, for the key check. */
+static YamlNode *without_variables(const YamlNode *root, Arena *a) {
+  YamlNode *m = arena_alloc(a, sizeof(YamlNode));
+  *m = *root;
+  m->n = 0;
+  m->items = arena_alloc(a, sizeof(YamlNode *) * (size_t)(root->n + 1));
+  m->keys = arena_alloc(a, sizeof(char *) * (size_t)(root->n + 1));
+  m->key_pos = arena_alloc(a, sizeof(SrcPos) * (size_t)(root->n + 1));
+  for (int i = 0; i < root->n; i++)
+    if (is_top_key(root->keys[i]) || !is_referenced(root, root->keys[i])) {
+      m->items[m->n] = root->items[i];
+      m->keys[m->n] = root->keys[i];
+      m->key_pos[m->n++] = root->key_pos[i];
+    }
+  return m;
+}
+
+static void note_unused_keys(Recipe *r) {
+  int first = key_index(top_keys, ARRAY_LEN(top_keys), first_unused_key);
+  r->unused_keys = arena_alloc(r->arena, sizeof(char *) * (size_t)(r->root->n + 1));
+  for (int i = 0; i < r->root->n; i++)
+    if (key_index(top_keys, ARRAY_LEN(top_keys), r->root->keys[i]) >= first)
+      r->unused_keys[r->nunused++] = r->root->keys[i];
+}
+
+void recipe_note_unused(const Recipe *r) {
+  if (!r->nunused)
+    return;
+  Buf b = {0};
+  for (int i = 0; i < r->nunused; i++)
+    buf_printf(&b, "%s%s", i ? ", " : "", r->unused_keys[i]);
+  diag_printf("optc: note: %s: not used by optc: %s\n", r->path, b.data);
+  buf_free(&b);
+}
 
 static const char *kind_desc(KeyKind k) {
   switch (k) {
@@ -213,7 +338,10 @@ static const KeySpec model_keys[] = {
     {"moe_every_n_layers", K_INT}, {"attention_chunk_size", K_INT}, {"max_seq_len", K_INT},
     {"rope_base", K_ANY}, {"rope_scale_factor", K_ANY}, {"rope_low_freq_factor", K_ANY},
     {"rope_high_freq_factor", K_ANY}, {"rope_old_context_len", K_INT}, {"norm_eps", K_ANY},
-    {"tie_word_embeddings", K_BOOL}, {"attn_dropout", K_ANY},
+    {"tie_word_embeddings", K_BOOL}, {"attn_dropout", K_ANY}, {"mlp_hidden_dim", K_INT},
+    {"use_scaled_rope", K_BOOL},
+    /* the builders' trainability and vision flags: the text decoder trains either way */
+    {"decoder_trainable", K_ANY}, {"encoder_trainable", K_ANY}, {"fusion_trainable", K_ANY}, {"image_size", K_ANY},
 };
 
 /* Llama 4 Scout 17B-16E's text decoder, as torchtune's llama4_scout_17b_16e
@@ -226,7 +354,21 @@ static const ModelConfig scout_dims = {
     .skip_rope_interval = 4, .moe_every_n_layers = 1, .attention_chunk_size = 8192,
     .max_seq_len = 10485760, .rope_base = 500000, .rope_scale_factor = 16,
     .rope_low_freq_factor = 1, .rope_high_freq_factor = 1, .rope_old_context_len = 8192,
-    .norm_eps = 1e-5, .tie_word_embeddings = false,
+    .norm_eps = 1e-5, .tie_word_embeddings = false, .use_scaled_rope = true,
+};
+
+/* Llama 4 Maverick 17B-128E's, as torchtune's llama4_maverick_17b_128e:
+ * MoE in every second layer (128 experts), dense SwiGLU layers of 16384
+ * in between, no QK-norm, RoPE unscaled. */
+static const ModelConfig maverick_dims = {
+    .component = "torchtune.models.llama4.llama4_maverick_17b_128e",
+    .vocab_size = 202048, .num_layers = 48, .num_heads = 40, .num_kv_heads = 8, .embed_dim = 5120,
+    .head_dim = 128, .hidden_dim = 8192, .shared_hidden_dim = 8192, .num_experts = 128,
+    .experts_per_token = 1, .use_shared_expert = true, .use_qk_norm = false,
+    .skip_rope_interval = 4, .moe_every_n_layers = 2, .mlp_hidden_dim = 16384, .attention_chunk_size = 8192,
+    .max_seq_len = 1048576, .rope_base = 500000, .rope_scale_factor = 16,
+    .rope_low_freq_factor = 1, .rope_high_freq_factor = 1, .rope_old_context_len = 8192,
+    .norm_eps = 1e-5, .tie_word_embeddings = false, .use_scaled_rope = false,
 };
 
 typedef struct {
@@ -244,23 +386,30 @@ static const ModelField model_fields[] = {
     MF(attention_chunk_size, 0, 0), MF(max_seq_len, 0, 0), MF(rope_base, 1, 0),
     MF(rope_scale_factor, 1, 0), MF(rope_low_freq_factor, 1, 0), MF(rope_high_freq_factor, 1, 0),
     MF(rope_old_context_len, 0, 0), MF(norm_eps, 1, 0), MF(tie_word_embeddings, 0, 1),
+    MF(mlp_hidden_dim, 0, 0), MF(use_scaled_rope, 0, 1),
 };
 #undef MF
 
 static bool parse_model(Recipe *r, const YamlNode *n) {
-  if (!check_keys(n, model_keys, ARRAY_LEN(model_keys), "model"))
-    return false;
   const YamlNode *comp = yaml_get(n, "_component_");
-  if (!comp) {
-    error_at(n->pos, "model: missing _component_");
+  if (!comp || comp->kind != YAML_SCALAR) {
+    error_at(comp ? comp->pos : n->pos, "model: missing _component_");
     return false;
   }
-  ModelConfig m = scout_dims;
-  bool preset = strcmp(comp->str, scout_dims.component) == 0;
+  const char *tail = strrchr(comp->str, '.') ? strrchr(comp->str, '.') + 1 : comp->str;
+  if (strncmp(tail, "lora_", 5) == 0 || strncmp(tail, "qlora_", 6) == 0) {
+    error_at(comp->pos, "model._component_: %s is a LoRA model; optc does full finetuning only (LoRA is not supported)",
+             comp->str);
+    return false;
+  }
+  if (!check_keys(n, model_keys, ARRAY_LEN(model_keys), "model"))
+    return false;
   static const char *const generic = "torchtune.models.llama4.llama4_decoder";
+  bool preset = strcmp(comp->str, scout_dims.component) == 0 || strcmp(comp->str, maverick_dims.component) == 0;
+  ModelConfig m = strcmp(comp->str, maverick_dims.component) == 0 ? maverick_dims : scout_dims;
   if (!preset && strcmp(comp->str, generic) != 0) {
-    error_at(comp->pos, "model._component_: unknown model '%s'; expected %s or %s", comp->str,
-             scout_dims.component, generic);
+    error_at(comp->pos, "model._component_: unknown model '%s'; expected %s, %s or %s", comp->str,
+             scout_dims.component, maverick_dims.component, generic);
     return false;
   }
   m.component = comp->str;
@@ -302,6 +451,11 @@ static bool parse_model(Recipe *r, const YamlNode *n) {
   }
   if (!yaml_get(n, "shared_hidden_dim"))
     m.shared_hidden_dim = m.hidden_dim;
+  if (m.moe_every_n_layers > 1 && m.mlp_hidden_dim <= 0) {
+    error_at(n->pos, "model: moe_every_n_layers %ld needs mlp_hidden_dim, the dense layers' width",
+             m.moe_every_n_layers);
+    return false;
+  }
   const YamlNode *at = yaml_get(n, "head_dim") ? yaml_get(n, "head_dim") : n;
   if (!m.head_dim) {
     if (m.embed_dim % m.num_heads) {
@@ -475,7 +629,7 @@ static bool parse_optimizer(Recipe *r, YamlNode *n) {
       }
       continue;
     }
-    if (in != NOREF && strcmp(key, "step") != 0) {
+    if (in != NOREF && strcmp(key, "step") != 0 && !is_torch_cpu_knob(key)) {
       const Ins *x = &g->ins[in];
       if (x->op == OP_INPUT) {
         if (!bind_number(r, x, v, what))
@@ -496,7 +650,7 @@ static bool parse_optimizer(Recipe *r, YamlNode *n) {
     for (int k = 0; k < g->nins; k++) {
       const Ins *x = &g->ins[k];
       if ((x->op == OP_INPUT || (x->op == OP_OPTION && x->dep == NOREF)) && strcmp(x->name, "step") &&
-          !(has_betas && (!strcmp(x->name, "beta1") || !strcmp(x->name, "beta2"))))
+          !is_torch_cpu_knob(x->name) && !(has_betas && (!strcmp(x->name, "beta1") || !strcmp(x->name, "beta2"))))
         buf_printf(&list, "%s, ", x->name);
       if (has_betas && x->op == OP_INPUT && !strcmp(x->name, "beta1"))
         buf_puts(&list, "betas, ");
@@ -524,12 +678,56 @@ static bool parse_optimizer(Recipe *r, YamlNode *n) {
 
 /* ---- overrides: key.sub=value ------------------------------------------------ */
 
+static bool has_component(const YamlNode *n) { return n && n->kind == YAML_MAP && yaml_get(n, "_component_"); }
+
+/* ~a.b.c removes a key, as torchtune's command line does: not a component, and
+ * a section left empty goes with it. */
+static bool remove_path(YamlNode *map, char *path, SrcPos pos, const char *whole) {
+  char *dot = strchr(path, '.');
+  if (dot)
+    *dot = 0;
+  YamlNode *v = yaml_get(map, path);
+  if (!v || (dot && v->kind != YAML_MAP)) {
+    error_at(pos, "cannot remove '%s': the config has no such key", whole);
+    return false;
+  }
+  if (dot) {
+    if (!remove_path(v, dot + 1, pos, whole))
+      return false;
+    if (v->n > 0)
+      return true;
+  }
+  if (has_component(v) || strcmp(path, "_component_") == 0) {
+    error_at(pos, "cannot remove '%s': removing a component from the command line is not supported", whole);
+    return false;
+  }
+  yaml_remove(map, path);
+  return true;
+}
+
 static bool apply_override(Recipe *r, const char *ov) {
-  const char *eq = strchr(ov, '=');
   SrcFile *src = arena_alloc(r->arena, sizeof(SrcFile));
   src->name = "<command line>";
   src->text = arena_strdup(r->arena, ov);
   src->len = strlen(ov);
+  if (ov[0] == '~') {
+    char *path = arena_strdup(r->arena, ov + 1);
+    *strchrnul(path, '=') = 0;
+    if (!*path) {
+      error_at((SrcPos){src, 1, 1}, "override '%s' names no key to remove", ov);
+      return false;
+    }
+    const char *whole = arena_strdup(r->arena, path);
+    return remove_path(r->root, path, (SrcPos){src, 1, 2}, whole);
+  }
+  const char *eq = strchr(ov, '=');
+  /* as torchtune's: optimizer=torch.optim.SGD names the section's component
+   * (lr_scheduler=null still drops the section) */
+  if (eq && !memchr(ov, '.', (size_t)(eq - ov)) && strcmp(eq + 1, "null") != 0 && strcmp(eq + 1, "None") != 0) {
+    char *k = arena_strndup(r->arena, ov, (size_t)(eq - ov));
+    if (has_component(yaml_get(r->root, k)))
+      ov = arena_printf(r->arena, "%s._component_%s", k, eq), eq = strchr(ov, '=');
+  }
   if (!eq || eq == ov) {
     error_at((SrcPos){src, 1, 1}, "override '%s' is not key=value", ov);
     return false;
@@ -550,13 +748,13 @@ static bool apply_override(Recipe *r, const char *ov) {
       YamlNode *v = vs->len ? yaml_load(vs, r->arena) : yaml_scalar(r->arena, "", true, vpos);
       if (!v)
         return false;
+      if (v->kind == YAML_SCALAR && v->plain && strcmp(v->str, "None") == 0)
+        v->kind = YAML_NULL; /* torchtune reads None on its command line as null */
       v->pos = vpos;
       for (int i = 0; v->kind == YAML_SEQ && i < v->n; i++)
         v->items[i]->pos = vpos;
       if (map == r->root) {
-        bool known = false;
-        for (size_t k = 0; k < ARRAY_LEN(top_keys); k++)
-          known |= strcmp(top_keys[k].key, part) == 0;
+        bool known = is_top_key(part) || is_referenced(r->root, part) || refused_feature(part);
         if (!known) {
           error_at((SrcPos){src, 1, col}, "unknown override key '%s'", part);
           return false;
@@ -568,10 +766,10 @@ static bool apply_override(Recipe *r, const char *ov) {
     YamlNode *next = yaml_get(map, part);
     if (!next || next->kind != YAML_MAP) {
       if (map == r->root) {
-        bool known = false;
+        bool known = refused_feature(part) || is_referenced(r->root, part);
         for (size_t k = 0; k < ARRAY_LEN(top_keys); k++)
           known |= strcmp(top_keys[k].key, part) == 0 &&
-                   (top_keys[k].kind == K_MAP || top_keys[k].kind == K_MAP_OR_NULL ||
+                   (top_keys[k].kind == K_MAP || top_keys[k].kind == K_MAP_OR_NULL || top_keys[k].kind == K_ANY ||
                     top_keys[k].kind == K_BOOL_OR_MAP || top_keys[k].kind == K_MAP_OR_SEQ);
         if (!known) {
           error_at((SrcPos){src, 1, col}, "unknown override key '%s'", part);
@@ -592,7 +790,21 @@ static bool apply_override(Recipe *r, const char *ov) {
 
 /* ---- recipe_load ------------------------------------------------------------- */
 
+const BuiltinConfig *recipe_bundled(const char *name) {
+  for (int i = 0; i < num_builtin_configs; i++)
+    if (strcmp(builtin_configs[i].name, name) == 0 || strcmp(builtin_configs[i].path, name) == 0)
+      return &builtin_configs[i];
+  return NULL;
+}
+
+bool recipe_is_config(const char *config) {
+  return ends_with(config, ".yaml") || ends_with(config, ".yml") || recipe_bundled(config);
+}
+
 Recipe *recipe_load(const char *path, const char *const *overrides, int noverrides, Arena *a) {
+  const BuiltinConfig *b = access(path, F_OK) != 0 ? recipe_bundled(path) : NULL;
+  if (b)
+    return recipe_from_text(b->path, b->text, overrides, noverrides, a);
   size_t len;
   char *text = file_read(path, &len);
   if (!text)
@@ -621,8 +833,11 @@ Recipe *recipe_from_text(const char *name, const char *text, const char *const *
     if (!apply_override(r, overrides[i]))
       return NULL;
   YamlNode *root = r->root;
-  if (!check_keys(root, top_keys, ARRAY_LEN(top_keys), ""))
+  r->config = without_variables(root, a);
+  if (!yaml_interpolate(root, a) || !refuse_features(root) ||
+      !check_keys(r->config, top_keys, ARRAY_LEN(top_keys), ""))
     return NULL;
+  note_unused_keys(r);
 
   /* defaults, as torchtune's recipe has them */
   r->param_dtype = TY_BF16;

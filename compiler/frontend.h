@@ -25,12 +25,33 @@ int yaml_index(const YamlNode *map, const char *key);
 /* Sets map[key] = value, appending the key when absent. */
 void yaml_set(YamlNode *map, const char *key, YamlNode *value, Arena *a);
 YamlNode *yaml_scalar(Arena *a, const char *s, bool plain, SrcPos pos);
+/* Removes map[key]; false when absent. */
+bool yaml_remove(YamlNode *map, const char *key);
+/* Resolves OmegaConf's ${a.b} interpolations in place: a whole value takes the
+ * named node (and its type), ${x} inside a string its text. A reference to no
+ * key (or a resolver such as ${oc.env:X}) stays as written, an error only where
+ * the value is used; false (error printed) on a cycle. */
+bool yaml_interpolate(YamlNode *root, Arena *a);
+/* Appends n as block-style YAML that yaml_load reads back to the same tree. */
+void yaml_print(Buf *b, const YamlNode *n);
+/* Where an unresolved ${...} starts in scalar n's text, or NULL. */
+const char *yaml_unresolved(const YamlNode *n);
 bool yaml_is_null(const YamlNode *n);
 /* Typed reads; `what` names the key in messages (e.g. "optimizer.lr"). */
 bool yaml_double(const YamlNode *n, const char *what, double *out);
 bool yaml_int(const YamlNode *n, const char *what, long *out);
 bool yaml_bool(const YamlNode *n, const char *what, bool *out);
 bool yaml_string(const YamlNode *n, const char *what, const char **out);
+
+/* ---- builtins.c (generated): the bundled configs in recipes/configs, by
+ * torchtune's --config name ------------------------------------------------- */
+typedef struct {
+  const char *name; /* llama4/scout_17B_16E_full */
+  const char *path; /* recipes/configs/NAME.yaml, for messages */
+  const char *text;
+} BuiltinConfig;
+extern const BuiltinConfig builtin_configs[];
+extern const int num_builtin_configs;
 
 /* ---- frontend.c: recipes ------------------------------------------------- */
 typedef struct {
@@ -57,7 +78,9 @@ typedef struct {
   long num_experts, experts_per_token;
   bool use_shared_expert, use_qk_norm;
   long skip_rope_interval; /* every Nth layer has no RoPE (NoPE) */
-  long moe_every_n_layers;
+  long moe_every_n_layers; /* MoE in layers i with (i + 1) % n == 0; the rest dense SwiGLU */
+  long mlp_hidden_dim;     /* the dense layers' width (Maverick) */
+  bool use_scaled_rope;    /* Scout's llama3-style scaled RoPE; Maverick's is plain */
   long attention_chunk_size, max_seq_len;
   double rope_base, rope_scale_factor, rope_low_freq_factor, rope_high_freq_factor;
   long rope_old_context_len;
@@ -76,6 +99,9 @@ typedef struct {
   SrcFile src;
   Arena *arena;
   YamlNode *root;
+  /* root without the config's own variables (keys only other values refer
+   * to, such as model_dir): what it configures, all references resolved */
+  YamlNode *config;
   /* optimizer */
   const char *component;      /* as written, e.g. torch.optim.AdamW */
   const char *optimizer_name; /* built-in body name, e.g. adamw, or a path */
@@ -103,10 +129,24 @@ typedef struct {
   NonfiniteMode nonfinite;
   bool has_model;
   ModelConfig model;
+  /* torchtune keys this recipe has that do not change what optc computes
+   * (tensor_parallel_dim, profiler, ...): commands list them once */
+  const char **unused_keys;
+  int nunused;
 } Recipe;
 
-/* Reads a recipe and applies `key.sub=value` overrides. The recipe and all
- * it points to live in arena a. NULL (error printed) on any mistake. */
+/* Prints the recipe's unused torchtune keys in one line, if any. */
+void recipe_note_unused(const Recipe *r);
+/* The bundled config a name like llama4/scout_17B_16E_full names (as
+ * torchtune's --config does), or NULL. */
+const BuiltinConfig *recipe_bundled(const char *name);
+/* Whether CONFIG names a recipe: a .yaml/.yml file or a bundled config. */
+bool recipe_is_config(const char *config);
+
+/* Reads a recipe and applies `key.sub=value` overrides (and torchtune's
+ * `~key`). A path that is no file but a bundled config's name loads that
+ * config. The recipe and all it points to live in arena a. NULL (error
+ * printed) on any mistake. */
 Recipe *recipe_load(const char *path, const char *const *overrides, int noverrides, Arena *a);
 /* The same from text in memory; `name` is used in messages. */
 Recipe *recipe_from_text(const char *name, const char *text, const char *const *overrides, int noverrides,

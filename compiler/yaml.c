@@ -223,6 +223,196 @@ bool yaml_string(const YamlNode *n, const char *what, const char **out) {
     error_at(n->pos, "%s: expected a string, found %s", what, kind_name(n));
     return false;
   }
+  const char *ref = yaml_unresolved(n);
+  if (ref) {
+    /* as OmegaConf, a reference to nothing is an error where it is used */
+    int len = (int)strcspn(ref + 2, "}");
+    if (memchr(ref + 2, ':', (size_t)len) || ref[2] == '.')
+      error_at(n->pos, "%s: ${%.*s} is not resolved: optc resolves references to the config's own keys only", what,
+               len, ref + 2);
+    else
+      error_at(n->pos, "%s: ${%.*s} names no key of the config; set it on the command line (%.*s=VALUE)", what,
+               len, ref + 2, len, ref + 2);
+    return false;
+  }
   *out = n->str;
   return true;
+}
+
+bool yaml_remove(YamlNode *map, const char *key) {
+  int i = yaml_index(map, key);
+  if (i < 0)
+    return false;
+  int rest = map->n - i - 1;
+  memmove(map->items + i, map->items + i + 1, sizeof(YamlNode *) * (size_t)rest);
+  memmove(map->keys + i, map->keys + i + 1, sizeof(char *) * (size_t)rest);
+  memmove(map->key_pos + i, map->key_pos + i + 1, sizeof(SrcPos) * (size_t)rest);
+  map->n--;
+  return true;
+}
+
+/* ---- ${key} interpolation, as OmegaConf resolves torchtune's configs ----- */
+
+/* The node a dotted path (batch_size, checkpointer.output_dir) names. */
+static YamlNode *lookup_path(YamlNode *root, const char *path, size_t len) {
+  YamlNode *n = root;
+  const char *p = path, *end = path + len;
+  while (n && p < end) {
+    const char *dot = memchr(p, '.', (size_t)(end - p));
+    size_t k = (size_t)((dot ? dot : end) - p);
+    char key[256];
+    if (k == 0 || k >= sizeof key)
+      return NULL;
+    memcpy(key, p, k);
+    key[k] = 0;
+    n = yaml_get(n, key);
+    p = dot ? dot + 1 : end;
+  }
+  return n;
+}
+
+static bool resolve_node(YamlNode *root, YamlNode *n, Arena *a, int depth);
+
+/* Resolves what ${...} names in s into *out: NULL when it names nothing (a
+ * resolver such as ${oc.env:X}, a relative ${.x} or a key the config lacks),
+ * which stays as written. False on a cycle. */
+static bool resolve_ref(YamlNode *root, const char *s, size_t len, SrcPos pos, Arena *a, int depth,
+                        YamlNode **out) {
+  *out = NULL;
+  if (len == 0 || s[0] == '.' || memchr(s, ':', len) || memchr(s, '$', len))
+    return true;
+  YamlNode *t = lookup_path(root, s, len);
+  if (!t)
+    return true;
+  if (depth > 32) {
+    error_at(pos, "interpolation ${%.*s} refers back to itself", (int)len, s);
+    return false;
+  }
+  if (!resolve_node(root, t, a, depth + 1))
+    return false;
+  *out = t;
+  return true;
+}
+
+static bool resolve_node(YamlNode *root, YamlNode *n, Arena *a, int depth) {
+  if (n->kind == YAML_SEQ || n->kind == YAML_MAP) {
+    for (int i = 0; i < n->n; i++)
+      if (!resolve_node(root, n->items[i], a, depth))
+        return false;
+    return true;
+  }
+  if (n->kind != YAML_SCALAR || !strstr(n->str, "${"))
+    return true;
+  const char *s = n->str;
+  size_t len = strlen(s);
+  /* the whole value: ${batch_size} takes the value's type, not a string's */
+  if (s[0] == '$' && s[1] == '{' && s[len - 1] == '}' && !strchr(s + 2, '{') && strchr(s, '}') == s + len - 1) {
+    YamlNode *t;
+    if (!resolve_ref(root, s + 2, len - 3, n->pos, a, depth, &t))
+      return false;
+    if (t) {
+      SrcPos pos = n->pos;
+      *n = *t;
+      n->pos = pos;
+    }
+    return true;
+  }
+  /* inside a string: ${output_dir}/logs */
+  Buf b = {0};
+  bool ok = true;
+  while (*s) {
+    const char *open = strstr(s, "${"), *close = open ? strchr(open, '}') : NULL;
+    if (!close) {
+      buf_puts(&b, s);
+      break;
+    }
+    buf_put(&b, s, (size_t)(open - s));
+    YamlNode *t;
+    if (!resolve_ref(root, open + 2, (size_t)(close - open - 2), n->pos, a, depth, &t)) {
+      ok = false;
+      break;
+    }
+    if (t && (t->kind == YAML_SCALAR || t->kind == YAML_NULL))
+      buf_puts(&b, t->kind == YAML_NULL ? "None" : t->str);
+    else
+      buf_put(&b, open, (size_t)(close - open + 1));
+    s = close + 1;
+  }
+  if (ok) {
+    n->str = arena_strdup(a, b.data ? b.data : "");
+  }
+  buf_free(&b);
+  return ok;
+}
+
+bool yaml_interpolate(YamlNode *root, Arena *a) { return resolve_node(root, root, a, 0); }
+
+const char *yaml_unresolved(const YamlNode *n) {
+  if (!n || n->kind != YAML_SCALAR)
+    return NULL;
+  return strstr(n->str, "${");
+}
+
+/* ---- printing ------------------------------------------------------------ */
+
+static void print_scalar(Buf *b, const YamlNode *n) {
+  if (n->kind == YAML_NULL) {
+    buf_puts(b, "null");
+    return;
+  }
+  const char *s = n->str;
+  size_t len = strlen(s);
+  /* plain where YAML reads it back as the same text */
+  bool plain = n->plain && len && !strpbrk(s, "{}[],'\"\n\t") && !strstr(s, ": ") && !strstr(s, " #") &&
+               !strchr("&*!|>%@`#?: ", s[0]) && !(s[0] == '-' && (s[1] == 0 || s[1] == ' ')) &&
+               s[len - 1] != ':' && s[len - 1] != ' ';
+  if (plain) {
+    buf_puts(b, s);
+    return;
+  }
+  buf_puts(b, "\"");
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\')
+      buf_printf(b, "\\%c", *s);
+    else if (*s == '\n')
+      buf_puts(b, "\\n");
+    else if ((unsigned char)*s < 0x20)
+      buf_printf(b, "\\x%02x", (unsigned char)*s);
+    else
+      buf_put(b, s, 1);
+  }
+  buf_puts(b, "\"");
+}
+
+static void print_node(Buf *b, const YamlNode *n, int indent) {
+  for (int i = 0; i < n->n; i++) {
+    const YamlNode *v = n->items[i];
+    buf_printf(b, "%*s", indent, "");
+    if (n->kind == YAML_MAP)
+      buf_printf(b, "%s:", n->keys[i]);
+    else
+      buf_puts(b, "-");
+    if ((v->kind == YAML_MAP || v->kind == YAML_SEQ) && v->n > 0) {
+      buf_puts(b, "\n");
+      print_node(b, v, indent + 2);
+    } else {
+      buf_puts(b, " ");
+      if (v->kind == YAML_MAP)
+        buf_puts(b, "{}");
+      else if (v->kind == YAML_SEQ)
+        buf_puts(b, "[]");
+      else
+        print_scalar(b, v);
+      buf_puts(b, "\n");
+    }
+  }
+}
+
+void yaml_print(Buf *b, const YamlNode *n) {
+  if (n->kind == YAML_MAP || n->kind == YAML_SEQ)
+    print_node(b, n, 0);
+  else {
+    print_scalar(b, n);
+    buf_puts(b, "\n");
+  }
 }

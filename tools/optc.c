@@ -29,6 +29,8 @@ static const char usage_main[] =
     "                memory bandwidth; step: a training step, compiled and eager\n"
     "  plan          per-rank memory, traffic and step time of a recipe (optc plan --help)\n"
     "  run           a finetune: optc run [--nproc N] full_finetune_distributed --config CONFIG\n"
+    "  cat           a config as optc reads it (overrides, ~KEY, ${key} resolved)\n"
+    "  ls            the bundled configs (--config llama4/scout_17B_16E_full names one)\n"
     "\n"
     "Run 'optc SUBCOMMAND --help' for the options of each.\n";
 
@@ -109,15 +111,16 @@ static void print_compile_help(void) {
     printf("  %-12s %s\n", pipeline_passes[i].name, pipeline_passes[i].desc);
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), m = strlen(suffix);
-  return n >= m && strcmp(s + n - m, suffix) == 0;
-}
+/* A recipe override, torchtune style: key.sub=value, or ~key to remove one. */
+static bool is_override(const char *a) { return a[0] == '~' || (a[0] != '-' && strchr(a, '=')); }
 
-/* Builds the graph CONFIG names: a recipe, an .optir file or a built-in. */
+/* Builds the graph CONFIG names: a recipe (a file, or a bundled config such
+ * as llama4/scout_17B_16E_full), an .optir file or a built-in. */
 static Graph *load_config(const char *config, const char *const *overrides, int nov, Arena *a) {
-  if (ends_with(config, ".yaml") || ends_with(config, ".yml")) {
+  if (recipe_is_config(config)) {
     Recipe *r = recipe_load(config, overrides, nov, a);
+    if (r)
+      recipe_note_unused(r);
     return r ? frontend_build(r) : NULL;
   }
   if (nov > 0) {
@@ -215,7 +218,7 @@ static int cmd_compile(int argc, char **argv) {
       return 2;
     } else if (!config) {
       config = a;
-    } else if (strchr(a, '=')) {
+    } else if (is_override(a)) {
       overrides[nov++] = a;
     } else {
       error("unexpected argument '%s': one CONFIG at a time", a);
@@ -252,7 +255,7 @@ static int cmd_compile(int argc, char **argv) {
     arena_free(arena);
     return 2;
   }
-  if (g && !ends_with(config, ".yaml") && !ends_with(config, ".yml") && (plan || codegen || timing || verbose))
+  if (g && !recipe_is_config(config) && (plan || codegen || timing || verbose))
     g = optir_specialize(g, NULL, 0, arena); /* options take their defaults */
   times.frontend = (now_seconds() - t0) * 1e3;
   if (g && emit && !plan && !codegen && !dump)
@@ -498,7 +501,7 @@ static int cmd_exec(int argc, char **argv) {
       goto done;
     } else if (!config) {
       config = a;
-    } else if (strchr(a, '=')) {
+    } else if (is_override(a)) {
       overrides[nov++] = a;
     } else {
       error("unexpected argument '%s'", a);
@@ -545,7 +548,7 @@ static int cmd_exec(int argc, char **argv) {
   NonfiniteMode nonfinite = NONFINITE_SKIP;
   Graph *g;
   Recipe *recipe = NULL;
-  if (ends_with(config, ".yaml") || ends_with(config, ".yml")) {
+  if (recipe_is_config(config)) {
     recipe = recipe_load(config, overrides, nov, arena);
     g = recipe ? frontend_build(recipe) : NULL;
     if (recipe)
@@ -762,9 +765,9 @@ static int cmd_run(int argc, char **argv) {
       error("unknown option '%s' (see optc run --help)", a);
       free(ov);
       return 2;
-    } else if (!recipe && !strchr(a, '=')) {
+    } else if (!recipe && !is_override(a)) {
       recipe = a;
-    } else if (strchr(a, '=')) {
+    } else if (is_override(a)) {
       ov[nov++] = a;
     } else {
       error("unexpected argument '%s'", a);
@@ -806,6 +809,8 @@ static int cmd_run(int argc, char **argv) {
     error("%s", why);
   } else {
     Recipe *r = recipe_load(config, ov, nov, arena);
+    if (r && coll_rank(coll) == 0)
+      recipe_note_unused(r);
     if (r && train_run(r, coll, &(TrainOptions){.eval = true}, NULL) == 0)
       rc = 0;
   }
@@ -813,6 +818,57 @@ static int cmd_run(int argc, char **argv) {
   arena_free(arena);
   free(ov);
   return rc;
+}
+
+/* optc cat CONFIG [KEY=VALUE | ~KEY ...]: the config as optc reads it, after
+ * the overrides and ${key} interpolation, as torchtune's `tune cat` prints
+ * a config; optc ls: the bundled configs, as `tune ls`. */
+static int cmd_cat(int argc, char **argv) {
+  const char *config = NULL;
+  const char **ov = calloc((size_t)argc + 1, sizeof(char *));
+  int nov = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      puts("usage: optc cat CONFIG [KEY=VALUE | ~KEY ...]\n"
+           "\n"
+           "Prints CONFIG (a .yaml file or a bundled config: optc ls) as optc reads it:\n"
+           "with the overrides applied, ~KEY removed and ${key} references resolved.");
+      free(ov);
+      return 0;
+    } else if (!config && !is_override(a)) {
+      config = a;
+    } else if (is_override(a)) {
+      ov[nov++] = a;
+    } else {
+      error("unexpected argument '%s' (see optc cat --help)", a);
+      free(ov);
+      return 2;
+    }
+  }
+  if (!config) {
+    error("optc cat needs a CONFIG (see optc cat --help)");
+    free(ov);
+    return 2;
+  }
+  Arena *arena = arena_new();
+  Recipe *r = recipe_load(config, ov, nov, arena);
+  if (r) {
+    recipe_note_unused(r);
+    Buf b = {0};
+    yaml_print(&b, r->config);
+    fputs(b.data ? b.data : "", stdout);
+    buf_free(&b);
+  }
+  arena_free(arena);
+  free(ov);
+  return r ? 0 : 1;
+}
+
+static int cmd_ls(void) {
+  for (int i = 0; i < num_builtin_configs; i++)
+    printf("%-36s %s\n", builtin_configs[i].name, builtin_configs[i].path);
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -837,6 +893,10 @@ int main(int argc, char **argv) {
     return cmd_plan(argc - 2, argv + 2);
   if (!strcmp(cmd, "run"))
     return cmd_run(argc - 2, argv + 2);
+  if (!strcmp(cmd, "cat"))
+    return cmd_cat(argc - 2, argv + 2);
+  if (!strcmp(cmd, "ls"))
+    return cmd_ls();
   if (!strcmp(cmd, "bench")) {
     if (argc >= 3 && !strcmp(argv[2], "optimizer"))
       return bench_optimizer(argc - 3, argv + 3);
