@@ -26,3 +26,15 @@ config.substitutions.append(("%tensor_diff", params.get("tensor_diff", "tensor_d
 config.substitutions.append(("%mkst", "%s %s" % (params.get("python", "python3"),
                                                   os.path.join(params["root"], "tests", "mkst.py"))))
 config.environment["OPTC_CACHE"] = "0"
+
+# `REQUIRES: avx512f`: what the host CPU backend compiles for has AVX-512F
+# (optc without --cpu emits for the host's own features).
+try:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                if "avx512f" in line.split(":", 1)[1].split():
+                    config.available_features.add("avx512f")
+                break
+except OSError:
+    pass
