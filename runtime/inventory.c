@@ -17,11 +17,15 @@ L4Config inventory_l4_config(const ModelConfig *m) {
   c.hidden_dim = (int)m->hidden_dim;
   c.shared_hidden_dim = (int)m->shared_hidden_dim;
   c.num_experts = (int)m->num_experts;
+  c.moe_every_n_layers = (int)m->moe_every_n_layers;
+  c.mlp_hidden_dim = (int)m->mlp_hidden_dim;
   c.skip_rope_interval = (int)m->skip_rope_interval;
   c.use_qk_norm = m->use_qk_norm;
   c.attention_chunk_size = (int)m->attention_chunk_size;
   c.rope_base = m->rope_base;
-  c.rope_scale_factor = m->rope_scale_factor;
+  /* torchtune's use_scaled_rope=False (Maverick) is plain RoPE whatever
+   * rope_scale_factor says; the model reads that as a factor <= 0 */
+  c.rope_scale_factor = m->use_scaled_rope ? m->rope_scale_factor : 0;
   c.rope_low_freq_factor = m->rope_low_freq_factor;
   c.rope_high_freq_factor = m->rope_high_freq_factor;
   c.rope_old_context_len = (int)m->rope_old_context_len;
@@ -61,26 +65,36 @@ int inventory_tensors(const ModelConfig *m, bool torchtune, InvTensor **out) {
     return n;
   }
   int64_t D = m->embed_dim, V = m->vocab_size, E = m->num_experts, H = m->hidden_dim, Hs = m->shared_hidden_dim;
-  int64_t q = m->num_heads * m->head_dim, kv = m->num_kv_heads * m->head_dim;
+  int64_t Hm = m->mlp_hidden_dim, q = m->num_heads * m->head_dim, kv = m->num_kv_heads * m->head_dim;
   char name[160];
   add(out, &n, &cap, "tok_embeddings.weight", 2, (int64_t[]){V, D});
   for (long l = 0; l < m->num_layers; l++) {
-    struct { const char *part; int nd; int64_t s[3]; } parts[] = {
-        {"sa_norm.scale", 1, {D}},
-        {"attn.q_proj.weight", 2, {q, D}},
-        {"attn.k_proj.weight", 2, {kv, D}},
-        {"attn.v_proj.weight", 2, {kv, D}},
-        {"attn.output_proj.weight", 2, {D, q}},
-        {"mlp_norm.scale", 1, {D}},
-        {"mlp.router.gate.weight", 2, {E, D}},
-        {"mlp.experts.gate_proj", 3, {E, D, H}},
-        {"mlp.experts.down_proj", 3, {E, H, D}},
-        {"mlp.experts.up_proj", 3, {E, D, H}},
-        {"mlp.shared_expert.w1.weight", 2, {Hs, D}},
-        {"mlp.shared_expert.w2.weight", 2, {D, Hs}},
-        {"mlp.shared_expert.w3.weight", 2, {Hs, D}},
+    /* torchtune's llama4_decoder: MoE when moe_every_n_layers is None or
+     * (l + 1) % n == 0, else llama4_mlp, a FeedForward whose w1, w2, w3 are
+     * gate, down, up */
+    bool moe = m->moe_every_n_layers <= 1 || (l + 1) % m->moe_every_n_layers == 0;
+    enum { ALL, MOE, DENSE };
+    struct { const char *part; int nd; int64_t s[3]; int in; } parts[] = {
+        {"sa_norm.scale", 1, {D}, ALL},
+        {"attn.q_proj.weight", 2, {q, D}, ALL},
+        {"attn.k_proj.weight", 2, {kv, D}, ALL},
+        {"attn.v_proj.weight", 2, {kv, D}, ALL},
+        {"attn.output_proj.weight", 2, {D, q}, ALL},
+        {"mlp_norm.scale", 1, {D}, ALL},
+        {"mlp.router.gate.weight", 2, {E, D}, MOE},
+        {"mlp.experts.gate_proj", 3, {E, D, H}, MOE},
+        {"mlp.experts.down_proj", 3, {E, H, D}, MOE},
+        {"mlp.experts.up_proj", 3, {E, D, H}, MOE},
+        {"mlp.shared_expert.w1.weight", 2, {Hs, D}, MOE},
+        {"mlp.shared_expert.w2.weight", 2, {D, Hs}, MOE},
+        {"mlp.shared_expert.w3.weight", 2, {Hs, D}, MOE},
+        {"mlp.w1.weight", 2, {Hm, D}, DENSE},
+        {"mlp.w2.weight", 2, {D, Hm}, DENSE},
+        {"mlp.w3.weight", 2, {Hm, D}, DENSE},
     };
     for (size_t k = 0; k < ARRAY_LEN(parts); k++) {
+      if (parts[k].in != ALL && parts[k].in != (moe ? MOE : DENSE))
+        continue;
       if (!m->use_shared_expert && strstr(parts[k].part, "shared_expert"))
         continue;
       snprintf(name, sizeof name, "layers.%ld.%s", l, parts[k].part);

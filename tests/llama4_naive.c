@@ -75,10 +75,12 @@ double l4_naive_loss(const L4Config *c, int ntensors, const char *const *names,
   Lookup lk = {ntensors, names, params};
   int D = c->embed_dim, nh = c->num_heads, nkv = c->num_kv_heads, hd = c->head_dim;
   int E = c->num_experts, H = c->hidden_dim, Hs = c->shared_hidden_dim, V = c->vocab_size;
+  int Hm = c->moe_every_n_layers > 1 ? c->mlp_hidden_dim : 0, Hmax = H > Hs ? H : Hs;
+  if (Hm > Hmax) Hmax = Hm;
   double *x = zeros((size_t)T * D), *xn = zeros((size_t)T * D), *hbuf = zeros((size_t)T * D);
   double *q = zeros((size_t)T * nh * hd), *k = zeros((size_t)T * nkv * hd);
   double *v = zeros((size_t)T * nkv * hd), *o = zeros((size_t)T * nh * hd);
-  double *p = zeros(T), *gu = zeros(2 * (size_t)H), *hid = zeros(H > Hs ? H : Hs);
+  double *p = zeros(T), *gu = zeros(2 * (size_t)H), *hid = zeros(Hmax);
   double *xin = zeros(D), *logits = zeros(V > E ? V : E);
   double loss = 0;
   int64_t count = 0;
@@ -95,18 +97,27 @@ double l4_naive_loss(const L4Config *c, int ntensors, const char *const *names,
 
     for (int l = 0; l < c->num_layers; l++) {
       int use_rope = c->skip_rope_interval <= 0 || (l + 1) % c->skip_rope_interval != 0;
+      /* torchtune's is_moe; HF's moe_layers = range(n - 1, L, n) */
+      int is_moe = c->moe_every_n_layers <= 1 || l % c->moe_every_n_layers == c->moe_every_n_layers - 1;
       const double *wq = get(&lk, "model.layers.%d.self_attn.q_proj.weight", l);
       const double *wk = get(&lk, "model.layers.%d.self_attn.k_proj.weight", l);
       const double *wv = get(&lk, "model.layers.%d.self_attn.v_proj.weight", l);
       const double *wo = get(&lk, "model.layers.%d.self_attn.o_proj.weight", l);
       const double *ln1 = get(&lk, "model.layers.%d.input_layernorm.weight", l);
       const double *ln2 = get(&lk, "model.layers.%d.post_attention_layernorm.weight", l);
-      const double *router = get(&lk, "model.layers.%d.feed_forward.router.weight", l);
-      const double *gate_up = get(&lk, "model.layers.%d.feed_forward.experts.gate_up_proj", l);
-      const double *down = get(&lk, "model.layers.%d.feed_forward.experts.down_proj", l);
-      const double *sg = get(&lk, "model.layers.%d.feed_forward.shared_expert.gate_proj.weight", l);
-      const double *su = get(&lk, "model.layers.%d.feed_forward.shared_expert.up_proj.weight", l);
-      const double *sd = get(&lk, "model.layers.%d.feed_forward.shared_expert.down_proj.weight", l);
+      const double *router = NULL, *gate_up = NULL, *down = NULL, *sg, *su, *sd;
+      if (is_moe) {
+        router = get(&lk, "model.layers.%d.feed_forward.router.weight", l);
+        gate_up = get(&lk, "model.layers.%d.feed_forward.experts.gate_up_proj", l);
+        down = get(&lk, "model.layers.%d.feed_forward.experts.down_proj", l);
+        sg = get(&lk, "model.layers.%d.feed_forward.shared_expert.gate_proj.weight", l);
+        su = get(&lk, "model.layers.%d.feed_forward.shared_expert.up_proj.weight", l);
+        sd = get(&lk, "model.layers.%d.feed_forward.shared_expert.down_proj.weight", l);
+      } else {
+        sg = get(&lk, "model.layers.%d.feed_forward.gate_proj.weight", l);
+        su = get(&lk, "model.layers.%d.feed_forward.up_proj.weight", l);
+        sd = get(&lk, "model.layers.%d.feed_forward.down_proj.weight", l);
+      }
 
       /* attention */
       for (int t = 0; t < T; t++) rmsnorm(xn + t * D, x + t * D, ln1, D, c->norm_eps);
@@ -172,8 +183,27 @@ double l4_naive_loss(const L4Config *c, int ntensors, const char *const *names,
           hbuf[t * D + d] = x[t * D + d] + s;
         }
 
-      /* mixture of experts */
-      for (int t = 0; t < T; t++) {
+      /* a dense MLP, y = h + down(silu(gate x) * up x), x = rmsnorm(h) */
+      for (int t = 0; t < T && !is_moe; t++) {
+        double *hx = hbuf + t * D, *y = x + t * D;
+        rmsnorm(xn, hx, ln2, D, c->norm_eps);
+        for (int i = 0; i < Hm; i++) {
+          double a = 0, u = 0;
+          for (int d = 0; d < D; d++) {
+            a += sg[(size_t)i * D + d] * xn[d];
+            u += su[(size_t)i * D + d] * xn[d];
+          }
+          hid[i] = silu(a) * u;
+        }
+        for (int d = 0; d < D; d++) {
+          double s = 0;
+          for (int i = 0; i < Hm; i++) s += sd[(size_t)d * Hm + i] * hid[i];
+          y[d] = hx[d] + s;
+        }
+      }
+
+      /* or a mixture of experts */
+      for (int t = 0; t < T && is_moe; t++) {
         double *hx = hbuf + t * D, *y = x + t * D;
         rmsnorm(xn, hx, ln2, D, c->norm_eps);
         int best = 0;

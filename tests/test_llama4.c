@@ -2,11 +2,15 @@
  *
  * 1. Gradients, in double, against central differences for every parameter
  *    kind, on a plain batch and on a packed one (segments, positions past
- *    8191 so the NoPE temperature is not 1).
+ *    8191 so the NoPE temperature is not 1), for a Scout-shaped config
+ *    (every layer MoE) and for configs with Maverick's dense layers in
+ *    between (with and without QK-norm and RoPE scaling).
  * 2. The float model's loss against llama4_naive.c, an independent
  *    plain-loop forward, across the config switches (chunking, NoPE layers,
- *    QK-norm, RoPE scaling, temperature, packing).
- * 3. Accumulation, all-ignored batches, rejected dims, Scout's tensor table.
+ *    QK-norm, RoPE scaling, temperature, packing, dense layers).
+ * 3. Accumulation, float against double gradients, all-ignored batches
+ *    (Scout- and Maverick-shaped), rejected dims, Scout's and Maverick's
+ *    tensor tables.
  * Then one timed forward+backward, printed, never asserted.
  * Exits 0 when every check passes. */
 #include <math.h>
@@ -126,6 +130,21 @@ static L4Config small_config(void) {
   return c;
 }
 
+/* small_config with dense layers 0 and 2 between MoE layers 1 and 3,
+ * wider than the experts (12 vs 8) so that a mixed-up width shows */
+static L4Config dense_config(void) {
+  L4Config c = small_config();
+  c.moe_every_n_layers = 2, c.mlp_hidden_dim = 12;
+  return c;
+}
+
+/* Maverick's shape: dense_config, no QK-norm, RoPE unscaled */
+static L4Config maverick_config(void) {
+  L4Config c = dense_config();
+  c.use_qk_norm = 0, c.rope_scale_factor = 0;
+  return c;
+}
+
 enum { B_ = 2, T_ = 10 };
 typedef struct {
   int32_t tok[B_ * T_], tgt[B_ * T_], pos[B_ * T_], seg[B_ * T_];
@@ -157,8 +176,9 @@ static const char *const kinds[] = {
   "embed_tokens", "input_layernorm", "post_attention_layernorm", "model.norm", "q_proj",
   "k_proj", "v_proj", "o_proj", "router", "experts.gate_up_proj", "experts.down_proj",
   "shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert.down_proj", "lm_head",
+  "feed_forward.gate_proj", "feed_forward.up_proj", "feed_forward.down_proj",
 };
-enum { NKINDS = sizeof kinds / sizeof kinds[0] };
+enum { NKINDS = sizeof kinds / sizeof kinds[0], K_GATE_UP = 9, K_DOWN = 10 };
 
 static int kind_of(const char *name) {
   for (int k = 0; k < NKINDS; k++)
@@ -174,7 +194,8 @@ static int layer_of(const char *name) {
 
 static int same_routing(const L4Model *m, const L4Config *c, const int32_t *base, int n) {
   for (int l = 0; l < c->num_layers; l++)
-    if (memcmp(l4_expert_choice(m, l), base + (size_t)l * n, sizeof(int32_t) * (size_t)n))
+    if (l4_layer_is_moe(c, l) &&
+        memcmp(l4_expert_choice(m, l), base + (size_t)l * n, sizeof(int32_t) * (size_t)n))
       return 0;
   return 1;
 }
@@ -182,8 +203,7 @@ static int same_routing(const L4Model *m, const L4Config *c, const int32_t *base
 #define GRAD_TOL 1e-6
 #define GRAD_FLOOR 1e-4 /* |grad| below this is compared absolutely */
 
-static void grad_check(const char *label, const L4Batch *b) {
-  L4Config c = small_config();
+static void grad_check(const char *label, L4Config c, const L4Batch *b) {
   char err[256];
   L4Model *m = l4_create_f64(&c, b->B, b->T, err, sizeof err);
   CHECK(m, "%s", err);
@@ -198,7 +218,14 @@ static void grad_check(const char *label, const L4Batch *b) {
   int32_t *route = xcalloc((size_t)L * n, sizeof(int32_t));
   int busiest[16], empty[16], nempty = 0;
   for (int l = 0; l < L; l++) {
-    memcpy(route + (size_t)l * n, l4_expert_choice(m, l), sizeof(int32_t) * (size_t)n);
+    const int32_t *choice = l4_expert_choice(m, l);
+    busiest[l] = empty[l] = -1;
+    if (!l4_layer_is_moe(&c, l)) {
+      CHECK(!choice, "layer %d is dense but has an expert choice", l);
+      printf("  layer %d (%s): dense MLP\n", l, l4_layer_uses_rope(&c, l) ? "RoPE" : "NoPE");
+      continue;
+    }
+    memcpy(route + (size_t)l * n, choice, sizeof(int32_t) * (size_t)n);
     int cnt[64] = {0};
     for (int t = 0; t < n; t++) cnt[route[(size_t)l * n + t]]++;
     busiest[l] = 0, empty[l] = -1;
@@ -214,7 +241,7 @@ static void grad_check(const char *label, const L4Batch *b) {
   /* an expert that got no tokens has exactly zero gradients */
   for (int i = 0; i < P.n; i++) {
     int l = layer_of(P.t[i].name), k = kind_of(P.t[i].name);
-    if (l < 0 || (k != 9 && k != 10) || empty[l] < 0) continue;
+    if (l < 0 || (k != K_GATE_UP && k != K_DOWN) || empty[l] < 0) continue;
     nempty++;
     size_t per = (size_t)(P.t[i].numel / E), bad = 0;
     for (size_t j = 0; j < per; j++) bad += P.g[i][(size_t)empty[l] * per + j] != 0;
@@ -225,16 +252,17 @@ static void grad_check(const char *label, const L4Batch *b) {
   CHECK(nempty > 0, "no layer left an expert without tokens; the check needs one");
 
   double maxerr[NKINDS] = {0}, maxerr2[NKINDS] = {0};
-  int checked[NKINDS] = {0}, skipped = 0;
+  int checked[NKINDS] = {0}, present[NKINDS] = {0}, skipped = 0;
   for (int i = 0; i < P.n; i++) {
     int k = kind_of(P.t[i].name), l = layer_of(P.t[i].name);
     CHECK(k >= 0, "unclassified tensor %s", P.t[i].name);
     if (k < 0) continue;
+    present[k]++;
     for (int s = 0; s < 6; s++) {
       int64_t j = rng_u64() % (uint64_t)P.t[i].numel;
       if (k == 0) /* a row some token looks up */
         j = (int64_t)b->tokens[rng_int(n)] * c.embed_dim + rng_int(c.embed_dim);
-      if (k == 9 || k == 10) { /* mostly the busiest expert; one entry of an empty one */
+      if (k == K_GATE_UP || k == K_DOWN) { /* mostly the busiest expert; one entry of an empty one */
         int64_t per = P.t[i].numel / E;
         int e = s == 5 && empty[l] >= 0 ? empty[l] : busiest[l];
         j = e * per + (int64_t)(rng_u64() % (uint64_t)per);
@@ -269,6 +297,7 @@ static void grad_check(const char *label, const L4Batch *b) {
     }
   }
   for (int k = 0; k < NKINDS; k++) {
+    if (!present[k]) continue;
     printf("  %-26s %3d entries  max rel err %.2e  (2-point, h=1e-6: %.2e)\n", kinds[k],
            checked[k], maxerr[k], maxerr2[k]);
     CHECK(checked[k] > 0, "no entry of kind %s was checked", kinds[k]);
@@ -306,7 +335,7 @@ static double rel(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-30
 
 static Losses forward_case(const char *label, const L4Config *c, Params *P, const L4Batch *b) {
   Losses r = losses_of(c, P, b);
-  printf("  %-34s naive %.9f  f32 rel diff %.2e  f64 rel diff %.2e\n", label, r.ref,
+  printf("  %-40s naive %.9f  f32 rel diff %.2e  f64 rel diff %.2e\n", label, r.ref,
          rel(r.f32, r.ref), rel(r.f64, r.ref));
   CHECK(rel(r.f32, r.ref) < 1e-5, "%s: float loss %.9g vs naive %.9g", label, r.f32, r.ref);
   CHECK(rel(r.f64, r.ref) < 1e-11, "%s: double loss %.15g vs naive %.15g", label, r.f64, r.ref);
@@ -359,12 +388,37 @@ static void forward_check(Batches *bb) {
   printf("  packed row vs its sequences alone: rel diff %.2e\n", rel(packed.f64, parts));
   CHECK(rel(packed.f64, parts) < 1e-12, "packed %.15g vs separate %.15g", packed.f64, parts);
   params_free(&P);
+
+  /* dense layers: Maverick's every-second-layer MoE, then its shape (QK-norm
+   * and RoPE scaling off, which leave the tensor table as it is) */
+  L4Config d = dense_config();
+  Params Pd = params_create(&d, 0.3);
+  Losses dense = forward_case("dense layers 0, 2; MoE 1, 3", &d, &Pd, &bb->plain);
+  v = maverick_config();
+  Losses mav = forward_case("Maverick-shaped: no QK-norm, plain RoPE", &v, &Pd, &bb->plain);
+  CHECK(rel(mav.f32, dense.f32) > 1e-4, "QK-norm and scaling do not change a dense config's loss");
+  forward_case("Maverick-shaped, packed", &v, &Pd, &bb->packed);
+  v.attention_chunk_size = 0, v.skip_rope_interval = 2;
+  forward_case("Maverick-shaped, NoPE 1, 3, no chunks", &v, &Pd, &bb->plain);
+  params_free(&Pd);
+  /* other interleavings: MoE in layer 2 only; no MoE layer at all */
+  const struct { int every; const char *label; } inter[] = {
+    {3, "MoE every 3rd layer (layer 2)"}, {5, "MoE every 5th layer (none of 4)"},
+  };
+  for (int i = 0; i < 2; i++) {
+    v = small_config();
+    v.moe_every_n_layers = inter[i].every, v.mlp_hidden_dim = 6;
+    Params Pv = params_create(&v, 0.3);
+    forward_case(inter[i].label, &v, &Pv, &bb->plain);
+    params_free(&Pv);
+  }
 }
 
 /* ---- 3. contracts -------------------------------------------------------------------------- */
-static void contract_checks(Batches *bb) {
-  printf("contracts:\n");
-  L4Config c = small_config();
+/* Gradients accumulate, the float build's match the double build's, and an
+ * all-ignored batch is a no-op, on config c. */
+static void precision_checks(const char *label, L4Config c, Batches *bb) {
+  printf("  %s:\n", label);
   Params P = params_create(&c, 0.3);
   char err[256];
   L4Model *mf = l4_create(&c, B_, T_, err, sizeof err);
@@ -394,7 +448,7 @@ static void contract_checks(Batches *bb) {
     if (s32 > 0) worst32 = fmax(worst32, d32 / s32);
     if (s64 > 0) worst64 = fmax(worst64, d64 / s64);
   }
-  printf("  accumulation: |g2 - 2 g1| / max|g1| <= %.2e (f32), %.2e (f64)\n", worst32, worst64);
+  printf("    accumulation: |g2 - 2 g1| / max|g1| <= %.2e (f32), %.2e (f64)\n", worst32, worst64);
   CHECK(worst32 < 1e-5 && worst64 < 1e-12, "gradients do not accumulate");
   /* the float build's gradients are the double build's, to float accuracy */
   double worst = 0;
@@ -407,7 +461,7 @@ static void contract_checks(Batches *bb) {
     }
     if (s > 0 && d / s > worst) worst = d / s, where = P.t[i].name;
   }
-  printf("  f32 vs f64 gradients: max |gf - g| / max|g| %.2e (%s)\n", worst, where);
+  printf("    f32 vs f64 gradients: max |gf - g| / max|g| %.2e (%s)\n", worst, where);
   CHECK(worst < 1e-4, "float gradients differ from double ones by %.3g in %s", worst, where);
   params_free(&once);
 
@@ -421,16 +475,24 @@ static void contract_checks(Batches *bb) {
   size_t nonzero = 0;
   for (int i = 0; i < P.n; i++)
     for (int64_t j = 0; j < P.t[i].numel; j++) nonzero += P.gf[i][j] != 0;
-  printf("  all targets -100: loss %g, %lld tokens, %zu nonzero gradient entries\n", l0,
+  printf("    all targets -100: loss %g, %lld tokens, %zu nonzero gradient entries\n", l0,
          (long long)nt, nonzero);
   CHECK(l0 == 0 && nt == 0 && nonzero == 0, "an all-ignored batch is not a no-op");
   l4_free(mf);
   l4_free(md);
   params_free(&P);
+}
+
+static void contract_checks(Batches *bb) {
+  printf("contracts:\n");
+  precision_checks("Scout-shaped", small_config(), bb);
+  precision_checks("Maverick-shaped", maverick_config(), bb);
+  char err[256];
 
   /* dims that do not fit */
-  struct { const char *what, *expect; L4Config c; } bad[6];
-  for (int i = 0; i < 6; i++) bad[i].c = small_config();
+  enum { NBAD = 8 };
+  struct { const char *what, *expect; L4Config c; } bad[NBAD];
+  for (int i = 0; i < NBAD; i++) bad[i].c = small_config();
   bad[0].what = "embed_dim != num_heads*head_dim", bad[0].expect = "embed_dim";
   bad[0].c.embed_dim = 20;
   bad[1].what = "num_heads % num_kv_heads", bad[1].expect = "num_kv_heads";
@@ -443,7 +505,11 @@ static void contract_checks(Batches *bb) {
   bad[4].c.num_kv_heads = 0;
   bad[5].what = "zero norm_eps", bad[5].expect = "norm_eps";
   bad[5].c.norm_eps = 0;
-  for (int i = 0; i < 6; i++) {
+  bad[6].what = "dense layers of width 0", bad[6].expect = "mlp_hidden_dim";
+  bad[6].c.moe_every_n_layers = 2, bad[6].c.mlp_hidden_dim = 0;
+  bad[7].what = "dense layers of width -4", bad[7].expect = "mlp_hidden_dim";
+  bad[7].c.moe_every_n_layers = 3, bad[7].c.mlp_hidden_dim = -4;
+  for (int i = 0; i < NBAD; i++) {
     err[0] = 0;
     L4Model *m = l4_create(&bad[i].c, 1, 4, err, sizeof err);
     printf("  rejects %-32s \"%s\"\n", bad[i].what, err);
@@ -466,24 +532,63 @@ static void contract_checks(Batches *bb) {
         (long long)t[5].shape[1], (long long)t[5].shape[2]);
   CHECK(!strcmp(t[ns - 1].name, "lm_head.weight"), "last tensor is %s", t[ns - 1].name);
   free(t);
+  /* without dense layers mlp_hidden_dim is not looked at */
+  s.mlp_hidden_dim = -1;
+  CHECK(l4_param_count(&s) == np, "mlp_hidden_dim changes an all-MoE table");
+  L4Model *sm = l4_create(&s, 1, 1, err, sizeof err);
+  CHECK(sm, "an all-MoE config with mlp_hidden_dim -1 is rejected: %s", err);
+  l4_free(sm);
+
+  /* Maverick's: HF's 507 tensors (24 MoE layers of 12, 24 dense of 9),
+   * 400,711,848,960 parameters, as Llama4ForCausalLM has them */
+  L4Config mv = l4_config_maverick();
+  ns = l4_tensors(&mv, NULL);
+  np = l4_param_count(&mv);
+  printf("  Maverick: %d tensors, %lld parameters\n", ns, (long long)np);
+  CHECK(ns == 507 && np == 400711848960LL, "Maverick's tensor table is wrong");
+  t = xcalloc((size_t)ns, sizeof(L4Tensor));
+  l4_tensors(&mv, t);
+  const struct { int i; const char *name; int64_t d0, d1, d2; } want[] = {
+    {5, "model.layers.0.feed_forward.gate_proj.weight", 16384, 5120, 0},
+    {6, "model.layers.0.feed_forward.up_proj.weight", 16384, 5120, 0},
+    {7, "model.layers.0.feed_forward.down_proj.weight", 5120, 16384, 0},
+    {9, "model.layers.0.post_attention_layernorm.weight", 5120, 0, 0},
+    {14, "model.layers.1.feed_forward.experts.gate_up_proj", 128, 5120, 16384},
+    {21, "model.layers.1.post_attention_layernorm.weight", 5120, 0, 0},
+    {22, "model.layers.2.self_attn.q_proj.weight", 5120, 5120, 0},
+    {505, "model.norm.weight", 5120, 0, 0},
+    {506, "lm_head.weight", 202048, 5120, 0},
+  };
+  for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+    const L4Tensor *w = &t[want[k].i];
+    CHECK(!strcmp(w->name, want[k].name) && w->shape[0] == want[k].d0 &&
+              (w->ndim < 2 || w->shape[1] == want[k].d1) && (w->ndim < 3 || w->shape[2] == want[k].d2),
+          "Maverick tensor %d is %s (%lld, %lld, %lld), expected %s", want[k].i, w->name,
+          (long long)w->shape[0], (long long)w->shape[1], (long long)w->shape[2], want[k].name);
+  }
+  free(t);
 
   /* HF init: norms 1, weights with std 0.02, the same for the same seed */
-  L4Config ci = small_config();
-  Params A = params_create(&ci, 1), Bp = params_create(&ci, 1);
-  l4_init_params(&ci, A.pf, 7);
-  l4_init_params(&ci, Bp.pf, 7);
-  double ss = 0;
-  int64_t cnt = 0, same = 1, ones = 1;
-  for (int i = 0; i < A.n; i++)
-    for (int64_t j = 0; j < A.t[i].numel; j++) {
-      same &= A.pf[i][j] == Bp.pf[i][j];
-      if (is_norm(A.t[i].name)) ones &= A.pf[i][j] == 1.0f;
-      else ss += (double)A.pf[i][j] * A.pf[i][j], cnt++;
-    }
-  printf("  init: std %.4f over %lld weights\n", sqrt(ss / cnt), (long long)cnt);
-  CHECK(same && ones && fabs(sqrt(ss / cnt) - 0.02) < 0.001, "l4_init_params is off");
-  params_free(&A);
-  params_free(&Bp);
+  L4Config inits[2] = {small_config(), maverick_config()};
+  for (int k = 0; k < 2; k++) {
+    L4Config *ci = &inits[k];
+    Params A = params_create(ci, 1), Bp = params_create(ci, 1);
+    l4_init_params(ci, A.pf, 7);
+    l4_init_params(ci, Bp.pf, 7);
+    double ss = 0;
+    int64_t cnt = 0, same = 1, ones = 1;
+    for (int i = 0; i < A.n; i++)
+      for (int64_t j = 0; j < A.t[i].numel; j++) {
+        same &= A.pf[i][j] == Bp.pf[i][j];
+        if (is_norm(A.t[i].name)) ones &= A.pf[i][j] == 1.0f;
+        else ss += (double)A.pf[i][j] * A.pf[i][j], cnt++;
+      }
+    printf("  init (%s): std %.4f over %lld weights\n", k ? "Maverick-shaped" : "Scout-shaped",
+           sqrt(ss / cnt), (long long)cnt);
+    CHECK(same && ones && fabs(sqrt(ss / cnt) - 0.02) < 0.001, "l4_init_params is off");
+    params_free(&A);
+    params_free(&Bp);
+  }
 }
 
 /* ---- timing (printed, never asserted) ----------------------------------------------------- */
@@ -493,11 +598,11 @@ static double now(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void timing(void) {
+static void timing(int moe_every) {
   L4Config c = l4_config_scout();
   c.vocab_size = 259, c.num_layers = 4, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 16;
   c.embed_dim = 64, c.hidden_dim = 64, c.shared_hidden_dim = 64, c.num_experts = 16;
-  c.attention_chunk_size = 64;
+  c.attention_chunk_size = 64, c.moe_every_n_layers = moe_every, c.mlp_hidden_dim = 128;
   enum { B = 4, T = 128 };
   char err[256];
   L4Model *m = l4_create(&c, B, T, err, sizeof err);
@@ -515,9 +620,9 @@ static void timing(void) {
   double t1 = now();
   for (int r = 0; r < reps; r++) l4_forward(m, P.pf, tok, tgt, B, T, &nt);
   double df = (now() - t1) / reps;
-  printf("timing: D=64 L=4 E=16 H=64 V=259 B=%d T=%d (%lld params, %.1f MiB workspace): "
+  printf("timing: D=64 L=4 E=16 H=64 %sV=259 B=%d T=%d (%lld params, %.1f MiB workspace): "
          "forward+backward %.2f ms (%.0f tokens/s), forward %.2f ms, loss/token %.4f\n",
-         B, T, (long long)l4_param_count(&c), l4_workspace_bytes(m) / 1048576.0, dt * 1e3,
+         moe_every > 1 ? "Hm=128 (layers 0, 2 dense) " : "", B, T, (long long)l4_param_count(&c), l4_workspace_bytes(m) / 1048576.0, dt * 1e3,
          B * T / dt, df * 1e3, loss / nt);
   free(tok), free(tgt);
   params_free(&P);
@@ -527,11 +632,15 @@ static void timing(void) {
 int main(void) {
   Batches bb;
   batches_make(&bb, small_config().vocab_size);
-  grad_check("plain rows", &bb.plain);
-  grad_check("packed rows", &bb.packed);
+  grad_check("plain rows", small_config(), &bb.plain);
+  grad_check("packed rows", small_config(), &bb.packed);
+  grad_check("dense layers 0, 2, plain rows", dense_config(), &bb.plain);
+  grad_check("Maverick-shaped, plain rows", maverick_config(), &bb.plain);
+  grad_check("Maverick-shaped, packed rows", maverick_config(), &bb.packed);
   forward_check(&bb);
   contract_checks(&bb);
-  timing();
+  timing(1);
+  timing(2);
   if (failures) {
     printf("test_llama4: %d check(s) FAILED\n", failures);
     return 1;

@@ -29,18 +29,18 @@
 
 #define L4_PI 3.14159265358979323846
 
-/* The per-layer tensors, in HF's module order (self_attn, feed_forward's
- * experts, router, shared_expert, then the two norms). */
-enum {
-  T_WQ, T_WK, T_WV, T_WO,
-  T_GATE_UP, T_DOWN, T_ROUTER, T_SGATE, T_SUP, T_SDOWN,
-  T_LN1, T_LN2,
-  T_PER_LAYER
-};
+/* A layer's tensors, in HF's module order: self_attn's, then the
+ * feed-forward's, then the two norms. An MoE layer's feed-forward is
+ * experts, router, shared_expert; a dense layer's is one SwiGLU MLP. */
+enum { T_WQ, T_WK, T_WV, T_WO, T_FFN };
+enum { T_GATE_UP = T_FFN, T_DOWN, T_ROUTER, T_SGATE, T_SUP, T_SDOWN, T_MOE_NORMS };
+enum { T_MGATE = T_FFN, T_MUP, T_MDOWN, T_DENSE_NORMS };
+#define T_MOE_COUNT (T_MOE_NORMS + 2)
+#define T_DENSE_COUNT (T_DENSE_NORMS + 2)
 #define T_EMBED 0
-#define T_LAYER(l, k) (1 + (l) * T_PER_LAYER + (k))
-#define T_NORM(c) (1 + (c)->num_layers * T_PER_LAYER)
-#define T_LM_HEAD(c) (2 + (c)->num_layers * T_PER_LAYER)
+#define T_LAYER(c, l) layer_first(c, l)
+#define T_NORM(c) layer_first(c, (c)->num_layers)
+#define T_LM_HEAD(c) (T_NORM(c) + 1)
 
 struct L4Model {
   L4Config c;
@@ -63,7 +63,8 @@ L4Config l4_config_scout(void) {
   L4Config c = {
     .vocab_size = 202048, .num_layers = 48, .num_heads = 40, .num_kv_heads = 8,
     .embed_dim = 5120, .head_dim = 128, .hidden_dim = 8192, .shared_hidden_dim = 8192,
-    .num_experts = 16, .skip_rope_interval = 4, .use_qk_norm = 1,
+    .num_experts = 16, .moe_every_n_layers = 1, .mlp_hidden_dim = 0,
+    .skip_rope_interval = 4, .use_qk_norm = 1,
     .attention_chunk_size = 8192, .rope_base = 500000.0, .rope_scale_factor = 16.0,
     .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 1.0, .rope_old_context_len = 8192,
     .norm_eps = 1e-5, .attn_temperature_tuning = 1, .attn_floor_scale = 8192.0,
@@ -72,8 +73,30 @@ L4Config l4_config_scout(void) {
   return c;
 }
 
+L4Config l4_config_maverick(void) {
+  L4Config c = l4_config_scout();
+  c.num_experts = 128, c.moe_every_n_layers = 2, c.mlp_hidden_dim = 16384;
+  c.use_qk_norm = 0, c.rope_scale_factor = 0;
+  return c;
+}
+
 int l4_layer_uses_rope(const L4Config *c, int l) {
   return c->skip_rope_interval <= 0 || (l + 1) % c->skip_rope_interval != 0;
+}
+
+int l4_layer_is_moe(const L4Config *c, int l) {
+  return c->moe_every_n_layers <= 1 || (l + 1) % c->moe_every_n_layers == 0;
+}
+
+/* MoE layers among layers 0..l-1: those with (j + 1) % n == 0, j + 1 <= l. */
+static int moe_layers_before(const L4Config *c, int l) {
+  return c->moe_every_n_layers <= 1 ? l : l / c->moe_every_n_layers;
+}
+
+/* The index of layer l's first tensor in l4_tensors order; at l =
+ * num_layers, that of the final norm. */
+static int layer_first(const L4Config *c, int l) {
+  return 1 + l * T_DENSE_COUNT + moe_layers_before(c, l) * (T_MOE_COUNT - T_DENSE_COUNT);
 }
 
 static void tensor_set(L4Tensor *t, int ndim, int64_t d0, int64_t d1, int64_t d2,
@@ -90,12 +113,12 @@ static void tensor_set(L4Tensor *t, int ndim, int64_t d0, int64_t d1, int64_t d2
 int l4_tensors(const L4Config *c, L4Tensor *out) {
   int64_t V = c->vocab_size, D = c->embed_dim, QD = (int64_t)c->num_heads * c->head_dim,
           KVD = (int64_t)c->num_kv_heads * c->head_dim, E = c->num_experts,
-          H = c->hidden_dim, Hs = c->shared_hidden_dim;
+          H = c->hidden_dim, Hs = c->shared_hidden_dim, Hm = c->mlp_hidden_dim;
   int n = T_LM_HEAD(c) + 1;
   if (!out) return n;
   tensor_set(&out[T_EMBED], 2, V, D, 0, "model.embed_tokens.weight");
   for (int l = 0; l < c->num_layers; l++) {
-    L4Tensor *t = &out[T_LAYER(l, 0)];
+    L4Tensor *t = &out[T_LAYER(c, l)];
     const char *a = "model.layers.%d.self_attn", *f = "model.layers.%d.feed_forward";
     char p[64], q[64];
     snprintf(p, sizeof p, a, l);
@@ -104,14 +127,22 @@ int l4_tensors(const L4Config *c, L4Tensor *out) {
     tensor_set(&t[T_WK], 2, KVD, D, 0, "%s.k_proj.weight", p);
     tensor_set(&t[T_WV], 2, KVD, D, 0, "%s.v_proj.weight", p);
     tensor_set(&t[T_WO], 2, D, QD, 0, "%s.o_proj.weight", p);
-    tensor_set(&t[T_GATE_UP], 3, E, D, 2 * H, "%s.experts.gate_up_proj", q);
-    tensor_set(&t[T_DOWN], 3, E, H, D, "%s.experts.down_proj", q);
-    tensor_set(&t[T_ROUTER], 2, E, D, 0, "%s.router.weight", q);
-    tensor_set(&t[T_SGATE], 2, Hs, D, 0, "%s.shared_expert.gate_proj.weight", q);
-    tensor_set(&t[T_SUP], 2, Hs, D, 0, "%s.shared_expert.up_proj.weight", q);
-    tensor_set(&t[T_SDOWN], 2, D, Hs, 0, "%s.shared_expert.down_proj.weight", q);
-    tensor_set(&t[T_LN1], 1, D, 0, 0, "model.layers.%d.input_layernorm.weight", l);
-    tensor_set(&t[T_LN2], 1, D, 0, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+    int norms = T_DENSE_NORMS;
+    if (l4_layer_is_moe(c, l)) {
+      tensor_set(&t[T_GATE_UP], 3, E, D, 2 * H, "%s.experts.gate_up_proj", q);
+      tensor_set(&t[T_DOWN], 3, E, H, D, "%s.experts.down_proj", q);
+      tensor_set(&t[T_ROUTER], 2, E, D, 0, "%s.router.weight", q);
+      tensor_set(&t[T_SGATE], 2, Hs, D, 0, "%s.shared_expert.gate_proj.weight", q);
+      tensor_set(&t[T_SUP], 2, Hs, D, 0, "%s.shared_expert.up_proj.weight", q);
+      tensor_set(&t[T_SDOWN], 2, D, Hs, 0, "%s.shared_expert.down_proj.weight", q);
+      norms = T_MOE_NORMS;
+    } else {
+      tensor_set(&t[T_MGATE], 2, Hm, D, 0, "%s.gate_proj.weight", q);
+      tensor_set(&t[T_MUP], 2, Hm, D, 0, "%s.up_proj.weight", q);
+      tensor_set(&t[T_MDOWN], 2, D, Hm, 0, "%s.down_proj.weight", q);
+    }
+    tensor_set(&t[norms], 1, D, 0, 0, "model.layers.%d.input_layernorm.weight", l);
+    tensor_set(&t[norms + 1], 1, D, 0, 0, "model.layers.%d.post_attention_layernorm.weight", l);
   }
   tensor_set(&out[T_NORM(c)], 1, D, 0, 0, "model.norm.weight");
   tensor_set(&out[T_LM_HEAD(c)], 2, V, D, 0, "lm_head.weight");
@@ -140,13 +171,6 @@ static uint64_t splitmix64(uint64_t *s) {
 /* uniform in (0, 1]: never 0, so log() in Box-Muller stays finite */
 static double uniform_open(uint64_t *s) { return ((splitmix64(s) >> 11) + 1) * 0x1.0p-53; }
 
-static int is_norm_weight(const L4Config *c, int i) {
-  if (i == T_NORM(c)) return 1;
-  if (i == T_EMBED || i == T_LM_HEAD(c)) return 0;
-  int k = (i - 1) % T_PER_LAYER;
-  return k == T_LN1 || k == T_LN2;
-}
-
 void l4_init_params(const L4Config *c, float *const *params, uint64_t seed) {
   int n = l4_tensors(c, NULL);
   L4Tensor *t = malloc(sizeof(L4Tensor) * (size_t)n);
@@ -154,7 +178,7 @@ void l4_init_params(const L4Config *c, float *const *params, uint64_t seed) {
   l4_tensors(c, t);
   for (int i = 0; i < n; i++) {
     float *p = params[i];
-    if (is_norm_weight(c, i)) {
+    if (t[i].ndim == 1) { /* the norms' weights, and nothing else, are vectors */
       for (int64_t j = 0; j < t[i].numel; j++) p[j] = 1.0f;
       continue;
     }
@@ -239,6 +263,10 @@ static int config_check(const L4Config *c, int max_batch, int max_seq, char *err
   };
   for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
     if (pos[i].v <= 0) BAD("%s must be positive, got %d", pos[i].name, pos[i].v);
+  /* layer 0 is dense whenever moe_every_n_layers > 1 */
+  if (c->moe_every_n_layers > 1 && c->mlp_hidden_dim <= 0)
+    BAD("mlp_hidden_dim must be positive, got %d: moe_every_n_layers %d makes layers dense",
+        c->mlp_hidden_dim, c->moe_every_n_layers);
   if (c->num_heads % c->num_kv_heads != 0)
     BAD("num_heads (%d) must be a multiple of num_kv_heads (%d) for grouped-query attention",
         c->num_heads, c->num_kv_heads);
@@ -319,6 +347,7 @@ size_t l4_workspace_bytes(const L4Model *m) { return m->acts_bytes + m->ints_byt
 
 const int32_t *l4_expert_choice(const L4Model *m, int l) {
   L4_CHECK(l >= 0 && l < m->c.num_layers, "layer %d out of range", l);
+  if (!l4_layer_is_moe(&m->c, l)) return NULL;
   return m->choice + (size_t)l * m->max_batch * m->max_seq;
 }
 

@@ -18,6 +18,11 @@ typedef struct {
   int hidden_dim;          /* routed experts' SwiGLU width H */
   int shared_hidden_dim;   /* shared expert's width Hs */
   int num_experts;
+  /* Layer l is MoE (routed experts + shared expert) when moe_every_n_layers
+   * <= 1 or (l + 1) % moe_every_n_layers == 0, else a dense SwiGLU MLP of
+   * width mlp_hidden_dim Hm (Maverick: 2 and 16384; Scout: 1, every layer
+   * MoE, and mlp_hidden_dim unused). */
+  int moe_every_n_layers, mlp_hidden_dim;
   /* Layer l is NoPE when (l + 1) % skip_rope_interval == 0; <= 0: every
    * layer uses RoPE. QK-norm and the chunked mask apply on RoPE layers only;
    * attention_chunk_size <= 0 turns chunking off. */
@@ -47,13 +52,20 @@ typedef struct {
 /* Llama 4 Scout's text decoder (Llama-4-Scout-17B-16E), temperature tuning on.
  * Small test configs start from it and change the dims. */
 L4Config l4_config_scout(void);
+/* Llama 4 Maverick's (Llama-4-Maverick-17B-128E): 128 experts in every
+ * second layer, dense layers of 16384 between, no QK-norm, plain RoPE,
+ * temperature tuning on. */
+L4Config l4_config_maverick(void);
 /* 1 when layer l applies RoPE (and the chunked mask, and QK-norm). */
 int l4_layer_uses_rope(const L4Config *c, int l);
+/* 1 when layer l's feed-forward is the MoE, 0 when it is a dense MLP. */
+int l4_layer_is_moe(const L4Config *c, int l);
 /* The parameter tensors in a fixed order (embed, then layer 0's, ..., then
  * norm, lm_head), with HF names; returns the count and fills out[] when not
- * NULL. Within a layer the order is HF's module order: q, k, v, o,
- * experts.gate_up_proj, experts.down_proj, router, shared gate, up, down,
- * input_layernorm, post_attention_layernorm. */
+ * NULL. Within a layer the order is HF's module order: q, k, v, o, then on
+ * an MoE layer experts.gate_up_proj, experts.down_proj, router, shared
+ * gate, up, down, on a dense one feed_forward.gate_proj, up_proj,
+ * down_proj, then input_layernorm, post_attention_layernorm. */
 int l4_tensors(const L4Config *c, L4Tensor *out);
 int64_t l4_param_count(const L4Config *c);
 /* HF-style init: normal(0, 0.02) for linear/embedding/expert weights, ones
@@ -98,5 +110,6 @@ double l4_forward_backward_f64(L4Model *m, double *const *params, double *const 
 double l4_forward_f64(L4Model *m, double *const *params, const int32_t *tokens,
                       const int32_t *targets, int B, int T, int64_t *ntokens);
 /* The routed expert each token of the last run chose in layer l: (B*T)
- * entries, valid until the next run. For load statistics and for tests. */
+ * entries, valid until the next run; NULL for a dense layer, which routes
+ * nothing. For load statistics and for tests. */
 const int32_t *l4_expert_choice(const L4Model *m, int l);

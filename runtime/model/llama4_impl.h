@@ -4,16 +4,21 @@
  *   SUF(name)       name##_f32 | name##_f64
  *   GEMM            cblas_sgemm | cblas_dgemm
  *   R_EXP R_LOG R_SQRT   the libm functions of that type
- * and struct L4Model, the T_* tensor slots and L4_HEAD_ROWS before it.
+ * and struct L4Model, the T_* tensor slots (layer_first, moe_layers_before)
+ * and L4_HEAD_ROWS before it.
  * No include guard, on purpose.
  *
  * Notation: N = B*T tokens, D = embed_dim, QD = nh*hd, KVD = nkv*hd, E
- * experts of width H, shared width Hs. Matmuls are nn.Linear's y = x W^T
+ * experts of width H, shared width Hs, dense layers' width Hm; Lm MoE
+ * layers and Ld dense ones. Matmuls are nn.Linear's y = x W^T
  * with W (out, in) unless a comment says otherwise. Reductions over a row
  * (norms, softmax sums) accumulate in double in both precisions. */
 
 /* ---- views ------------------------------------------------------------------------ */
-/* One layer's parameters (or gradients), pointers into the caller's tensors. */
+/* One layer's parameters (or gradients), pointers into the caller's tensors.
+ * A dense layer has no experts or router (NULL there); its MLP takes the
+ * shared expert's place, since the two are the same module (HF's
+ * Llama4TextMLP) at another width. */
 typedef struct {
   REAL *wq;      /* (QD, D) self_attn.q_proj.weight */
   REAL *wk;      /* (KVD, D) */
@@ -22,20 +27,26 @@ typedef struct {
   REAL *gate_up; /* (E, D, 2H) experts.gate_up_proj: x @ gate_up[e], gate first */
   REAL *down;    /* (E, H, D) experts.down_proj: h @ down[e] */
   REAL *router;  /* (E, D) */
-  REAL *sgate;   /* (Hs, D) shared_expert.gate_proj.weight */
-  REAL *sup;     /* (Hs, D) */
-  REAL *sdown;   /* (D, Hs) */
+  REAL *sgate;   /* (Hs, D) shared_expert.gate_proj.weight; dense: (Hm, D) gate_proj.weight */
+  REAL *sup;     /* (Hs, D); dense: (Hm, D) up_proj.weight */
+  REAL *sdown;   /* (D, Hs); dense: (D, Hm) down_proj.weight */
   REAL *ln1;     /* (D) input_layernorm.weight */
   REAL *ln2;     /* (D) post_attention_layernorm.weight */
 } SUF(LayerW);
 
-static SUF(LayerW) SUF(layer_weights)(REAL *const *p, int l) {
-  REAL *const *t = p + T_LAYER(l, 0);
+static SUF(LayerW) SUF(layer_weights)(const L4Config *c, REAL *const *p, int l) {
+  REAL *const *t = p + T_LAYER(c, l);
+  if (!l4_layer_is_moe(c, l))
+    return (SUF(LayerW)){
+      .wq = t[T_WQ], .wk = t[T_WK], .wv = t[T_WV], .wo = t[T_WO],
+      .sgate = t[T_MGATE], .sup = t[T_MUP], .sdown = t[T_MDOWN],
+      .ln1 = t[T_DENSE_NORMS], .ln2 = t[T_DENSE_NORMS + 1],
+    };
   return (SUF(LayerW)){
     .wq = t[T_WQ], .wk = t[T_WK], .wv = t[T_WV], .wo = t[T_WO],
     .gate_up = t[T_GATE_UP], .down = t[T_DOWN], .router = t[T_ROUTER],
     .sgate = t[T_SGATE], .sup = t[T_SUP], .sdown = t[T_SDOWN],
-    .ln1 = t[T_LN1], .ln2 = t[T_LN2],
+    .ln1 = t[T_MOE_NORMS], .ln2 = t[T_MOE_NORMS + 1],
   };
 }
 
@@ -58,9 +69,10 @@ typedef struct {
   REAL *ln2;      /* (L, N, D) */
   REAL *ln2_rstd; /* (L, N) */
   REAL *score;    /* (L, N) sigmoid(router logit) of the chosen expert */
-  REAL *gu;       /* (L, N, 2H) routed gate|up pre-activations, rows in expert order */
-  REAL *sg;       /* (L, N, Hs) shared gate pre-activation */
-  REAL *su;       /* (L, N, Hs) shared up */
+  REAL *gu;       /* (Lm, N, 2H) routed gate|up pre-activations, rows in expert order */
+  REAL *sg;       /* (N, Hs) per MoE layer, (N, Hm) per dense one, in layer order:
+                     the MLP's gate pre-activation (shared expert or dense MLP) */
+  REAL *su;       /* as sg: the MLP's up */
   REAL *lnf;      /* (N, D) final norm output */
   REAL *lnf_rstd; /* (N) */
   REAL *rope_cos; /* (N, hd/2) cos(pos * inv_freq[i]) of this batch */
@@ -71,9 +83,9 @@ typedef struct {
   REAL *rlogits;  /* (N, E) router logits */
   REAL *xin;      /* (N, D) routed input x*score in expert order; its gradient in backward */
   REAL *ybuf;     /* (N, D) routed output in expert order; the gathered dout in backward */
-  REAL *hid;      /* (N, max(H, Hs)) silu(gate) * up */
-  REAL *dhid;     /* (N, max(H, Hs)) */
-  REAL *dgu;      /* (N, 2 max(H, Hs)) gradient of gate|up */
+  REAL *hid;      /* (N, Hmax) silu(gate) * up; Hmax = max(H, Hs, Hm if Ld > 0) */
+  REAL *dhid;     /* (N, Hmax) */
+  REAL *dgu;      /* (N, 2 Hmax) gradient of gate|up */
   REAL *scores;   /* (T, T) one head's scores, then probabilities */
   REAL *dscores;  /* (T, T) */
   REAL *dres;     /* (N, D) gradient of the residual stream */
@@ -92,7 +104,10 @@ static size_t SUF(acts_bind)(const L4Model *m, REAL *base, SUF(Acts) *a) {
   size_t D = c->embed_dim, nh = c->num_heads, nkv = c->num_kv_heads, hd = c->head_dim;
   size_t QD = nh * hd, KVD = nkv * hd, E = c->num_experts, H = c->hidden_dim;
   size_t Hs = c->shared_hidden_dim, V = c->vocab_size;
+  size_t Lm = moe_layers_before(c, c->num_layers), Ld = L - Lm;
+  size_t Hm = Ld ? (size_t)c->mlp_hidden_dim : 0;
   size_t Hmax = H > Hs ? H : Hs, rows = N < L4_HEAD_ROWS ? N : L4_HEAD_ROWS;
+  if (Hm > Hmax) Hmax = Hm;
   SUF(Acts) unused;
   if (!a) a = &unused;
   size_t off = 0;
@@ -111,9 +126,9 @@ static size_t SUF(acts_bind)(const L4Model *m, REAL *base, SUF(Acts) *a) {
   TAKE(ln2, L * N * D);
   TAKE(ln2_rstd, L * N);
   TAKE(score, L * N);
-  TAKE(gu, L * N * 2 * H);
-  TAKE(sg, L * N * Hs);
-  TAKE(su, L * N * Hs);
+  TAKE(gu, Lm * N * 2 * H);
+  TAKE(sg, N * (Lm * Hs + Ld * Hm));
+  TAKE(su, N * (Lm * Hs + Ld * Hm));
   TAKE(lnf, N * D);
   TAKE(lnf_rstd, N);
   TAKE(rope_cos, N * (hd / 2));
@@ -142,14 +157,18 @@ static size_t SUF(acts_bind)(const L4Model *m, REAL *base, SUF(Acts) *a) {
 typedef struct {
   REAL *x, *h, *out;                    /* (N, D) input, after attention, output */
   REAL *ln1, *ln1_rstd, *q, *q_rstd, *k, *k_rstd, *v, *lse, *att;
-  REAL *ln2, *ln2_rstd, *score, *gu, *sg, *su;
+  REAL *ln2, *ln2_rstd, *score, *gu, *sg, *su; /* gu: NULL on a dense layer */
   int32_t *choice, *order, *offsets;    /* (N), (N), (E+1) */
+  int moe, mw;                          /* an MoE layer?; its MLP's width, Hs or Hm */
 } SUF(LayerActs);
 
 static SUF(LayerActs) SUF(layer_acts)(const L4Model *m, const SUF(Acts) *a, int l) {
   const L4Config *c = &m->c;
   size_t N = (size_t)m->max_batch * m->max_seq, D = c->embed_dim;
   size_t nh = c->num_heads, nkv = c->num_kv_heads, hd = c->head_dim, L = l;
+  int moe = l4_layer_is_moe(c, l);
+  size_t Lm = moe_layers_before(c, l), Ld = L - Lm; /* layers before l of each kind */
+  size_t mlp = N * (Lm * c->shared_hidden_dim + Ld * c->mlp_hidden_dim);
   return (SUF(LayerActs)){
     .x = a->res + L * N * D, .h = a->h + L * N * D, .out = a->res + (L + 1) * N * D,
     .ln1 = a->ln1 + L * N * D, .ln1_rstd = a->ln1_rstd + L * N,
@@ -157,10 +176,10 @@ static SUF(LayerActs) SUF(layer_acts)(const L4Model *m, const SUF(Acts) *a, int 
     .k = a->k + L * N * nkv * hd, .k_rstd = a->k_rstd + L * N * nkv,
     .v = a->v + L * N * nkv * hd, .lse = a->lse + L * N * nh, .att = a->att + L * N * nh * hd,
     .ln2 = a->ln2 + L * N * D, .ln2_rstd = a->ln2_rstd + L * N, .score = a->score + L * N,
-    .gu = a->gu + L * N * 2 * c->hidden_dim, .sg = a->sg + L * N * c->shared_hidden_dim,
-    .su = a->su + L * N * c->shared_hidden_dim,
+    .gu = moe ? a->gu + Lm * N * 2 * c->hidden_dim : NULL, .sg = a->sg + mlp, .su = a->su + mlp,
     .choice = m->choice + L * N, .order = m->order + L * N,
     .offsets = m->offsets + L * (c->num_experts + 1),
+    .moe = moe, .mw = moe ? c->shared_hidden_dim : c->mlp_hidden_dim,
   };
 }
 
@@ -424,8 +443,10 @@ static void SUF(attn_block_backward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *l
   SUF(rmsnorm_backward)(a->dres, gw->ln1, a->dln, la->x, la->ln1_rstd, w->ln1, n, D);
 }
 
-/* ---- the MoE block: out = h + shared(x) + expert_e*(x * sigmoid(logit_e*)),
- * x = rmsnorm(h), e* = argmax(x @ router^T), lowest index on ties ---------------------- */
+/* ---- the feed-forward block, out = h + ffn(x), x = rmsnorm(h) --------------------------
+ * dense layer: ffn(x) = mlp(x), mlp(x) = down(silu(gate x) * up x) (HF's Llama4TextMLP)
+ * MoE layer:   ffn(x) = mlp(x) + expert_e*(x * sigmoid(logit_e*)), mlp the shared
+ *              expert, e* = argmax(x @ router^T), lowest index on ties */
 static inline REAL SUF(sigmoid)(REAL x) { return 1 / (1 + R_EXP(-x)); }
 
 /* hid (n, width) = silu(gate) * up; gate and up are rows of stride ld. */
@@ -459,11 +480,35 @@ static void SUF(moe_gather_input)(SUF(Acts) *a, const SUF(LayerActs) *la, int n,
   }
 }
 
+/* out (n, D) += mlp(x), keeping gate x and up x (n, mw) for the backward. */
+static void SUF(mlp_forward)(SUF(Acts) *a, SUF(LayerActs) *la, const SUF(LayerW) *w, int n,
+                             int D) {
+  int W = la->mw;
+  SUF(matmul_forward)(la->sg, la->ln2, w->sgate, n, D, W, 0);
+  SUF(matmul_forward)(la->su, la->ln2, w->sup, n, D, W, 0);
+  SUF(swiglu_forward)(a->hid, la->sg, la->su, n, W, W);
+  SUF(matmul_forward)(la->out, a->hid, w->sdown, n, W, D, 1);
+}
+
+/* From dout: the MLP's weight gradients, and a->dln = dL/dx (set):
+ * dln = dsg @ gate + dsu @ up. */
+static void SUF(mlp_backward)(SUF(Acts) *a, SUF(LayerActs) *la, const SUF(LayerW) *w,
+                              const SUF(LayerW) *gw, const REAL *dout, int n, int D) {
+  int W = la->mw;
+  SUF(swiglu_forward)(a->hid, la->sg, la->su, n, W, W);
+  SUF(matmul_backward)(a->dhid, gw->sdown, dout, a->hid, w->sdown, n, W, D, 0);
+  REAL *dsg = a->dgu, *dsu = a->dgu + (size_t)n * W;
+  SUF(swiglu_backward)(dsg, dsu, a->dhid, la->sg, la->su, n, W, W);
+  SUF(matmul_backward)(a->dln, gw->sgate, dsg, la->ln2, w->sgate, n, D, W, 0);
+  SUF(matmul_backward)(a->dln, gw->sup, dsu, la->ln2, w->sup, n, D, W, 1);
+}
+
+/* The routed half of an MoE layer: out += expert_e*(x * score), after the
+ * shared expert, so out = (h + mlp(x)) + routed in that order. */
 static void SUF(moe_forward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la, const SUF(LayerW) *w,
                              int n) {
   const L4Config *c = &m->c;
-  int D = c->embed_dim, E = c->num_experts, H = c->hidden_dim, Hs = c->shared_hidden_dim;
-  SUF(rmsnorm_forward)(la->ln2, la->ln2_rstd, la->h, w->ln2, n, D, c->norm_eps);
+  int D = c->embed_dim, E = c->num_experts, H = c->hidden_dim;
 
   /* route: top-1 by logit, the score is the sigmoid of that logit */
   SUF(matmul_forward)(a->rlogits, la->ln2, w->router, n, D, E, 0);
@@ -493,13 +538,6 @@ static void SUF(moe_forward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la, const
     GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, ne, D, H, 1, hid, H,
          w->down + (size_t)e * H * D, D, 0, a->ybuf + (size_t)r0 * D, D);
   }
-
-  /* shared expert on the unscaled x, then the sum */
-  SUF(matmul_forward)(la->sg, la->ln2, w->sgate, n, D, Hs, 0);
-  SUF(matmul_forward)(la->su, la->ln2, w->sup, n, D, Hs, 0);
-  SUF(swiglu_forward)(a->hid, la->sg, la->su, n, Hs, Hs);
-  memcpy(la->out, la->h, sizeof(REAL) * (size_t)n * D);
-  SUF(matmul_forward)(la->out, a->hid, w->sdown, n, Hs, D, 1);
   for (int r = 0; r < n; r++) {
     REAL *o = la->out + (size_t)la->order[r] * D;
     const REAL *y = a->ybuf + (size_t)r * D;
@@ -507,22 +545,15 @@ static void SUF(moe_forward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la, const
   }
 }
 
-/* a->dres: in, dL/dout; out, dL/dh. The top-1 choice is not differentiated:
- * the router learns through the score alone,
+/* The routed half's backward, from a->dres = dL/dout: adds into a->dln.
+ * The top-1 choice is not differentiated: the router learns through the
+ * score alone,
  *   dscore = <dxin, x>,  dlogit_e* = dscore * s (1 - s). */
 static void SUF(moe_backward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la, const SUF(LayerW) *w,
                               const SUF(LayerW) *gw, int n) {
   const L4Config *c = &m->c;
-  int D = c->embed_dim, E = c->num_experts, H = c->hidden_dim, Hs = c->shared_hidden_dim;
+  int D = c->embed_dim, E = c->num_experts, H = c->hidden_dim;
   const REAL *dout = a->dres;
-
-  /* shared expert: dln = dsg @ sgate + dsu @ sup */
-  SUF(swiglu_forward)(a->hid, la->sg, la->su, n, Hs, Hs);
-  SUF(matmul_backward)(a->dhid, gw->sdown, dout, a->hid, w->sdown, n, Hs, D, 0);
-  REAL *dsg = a->dgu, *dsu = a->dgu + (size_t)n * Hs;
-  SUF(swiglu_backward)(dsg, dsu, a->dhid, la->sg, la->su, n, Hs, Hs);
-  SUF(matmul_backward)(a->dln, gw->sgate, dsg, la->ln2, w->sgate, n, D, Hs, 0);
-  SUF(matmul_backward)(a->dln, gw->sup, dsu, la->ln2, w->sup, n, D, Hs, 1);
 
   /* routed experts: dy gathered into expert order; dxin overwrites xin
    * once gate_up's weight gradient has read it */
@@ -561,6 +592,24 @@ static void SUF(moe_backward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la, cons
       gr[i] += dlogit * x[i];
     }
   }
+}
+
+static void SUF(ffn_forward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la, const SUF(LayerW) *w,
+                             int n) {
+  const L4Config *c = &m->c;
+  int D = c->embed_dim;
+  SUF(rmsnorm_forward)(la->ln2, la->ln2_rstd, la->h, w->ln2, n, D, c->norm_eps);
+  memcpy(la->out, la->h, sizeof(REAL) * (size_t)n * D);
+  SUF(mlp_forward)(a, la, w, n, D);
+  if (la->moe) SUF(moe_forward)(m, a, la, w, n);
+}
+
+/* a->dres: in, dL/dout; out, dL/dh. */
+static void SUF(ffn_backward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la, const SUF(LayerW) *w,
+                              const SUF(LayerW) *gw, int n) {
+  int D = m->c.embed_dim;
+  SUF(mlp_backward)(a, la, w, gw, a->dres, n, D);
+  if (la->moe) SUF(moe_backward)(m, a, la, w, gw, n);
   SUF(rmsnorm_backward)(a->dres, gw->ln2, a->dln, la->h, la->ln2_rstd, w->ln2, n, D);
 }
 
@@ -640,9 +689,9 @@ static double SUF(model_run)(L4Model *m, REAL *const *p, REAL *const *g, const L
            sizeof(REAL) * (size_t)D);
   for (int l = 0; l < L; l++) {
     SUF(LayerActs) la = SUF(layer_acts)(m, &a, l);
-    SUF(LayerW) w = SUF(layer_weights)(p, l);
+    SUF(LayerW) w = SUF(layer_weights)(c, p, l);
     SUF(attn_block_forward)(m, &a, &la, &w, bt, l);
-    SUF(moe_forward)(m, &a, &la, &w, n);
+    SUF(ffn_forward)(m, &a, &la, &w, n);
   }
   const REAL *xf = a.res + (size_t)L * m->max_batch * m->max_seq * D;
   SUF(rmsnorm_forward)(a.lnf, a.lnf_rstd, xf, p[T_NORM(c)], n, D, c->norm_eps);
@@ -655,8 +704,8 @@ static double SUF(model_run)(L4Model *m, REAL *const *p, REAL *const *g, const L
   SUF(rmsnorm_backward)(a.dres, g[T_NORM(c)], a.dln, xf, a.lnf_rstd, p[T_NORM(c)], n, D);
   for (int l = L - 1; l >= 0; l--) {
     SUF(LayerActs) la = SUF(layer_acts)(m, &a, l);
-    SUF(LayerW) w = SUF(layer_weights)(p, l), gw = SUF(layer_weights)(g, l);
-    SUF(moe_backward)(m, &a, &la, &w, &gw, n);
+    SUF(LayerW) w = SUF(layer_weights)(c, p, l), gw = SUF(layer_weights)(c, g, l);
+    SUF(ffn_backward)(m, &a, &la, &w, &gw, n);
     SUF(attn_block_backward)(m, &a, &la, &w, &gw, bt, l);
   }
   for (int t = 0; t < n; t++) {
