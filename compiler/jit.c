@@ -49,11 +49,28 @@ typedef struct {
   char *triple, *cpu, *features;
 } Target;
 
+/* x86 CPUs LLVM knows by name that have AVX-512F. A CPU named without
+ * features gets "+avx512f" spelled out, so that the emitter, which reads the
+ * feature string, uses AVX-512 instructions (VRSQRT14PS) where the CPU has
+ * them; LLVM's C API has no query for what a CPU name implies. */
+static const char *const avx512_cpus[] = {
+    "knl", "knm", "skylake-avx512", "skx", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
+    "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids", "graniterapids",
+    "graniterapids-d", "diamondrapids", "znver4", "znver5", "x86-64-v4",
+};
+
+static char *named_cpu_features(const char *cpu) {
+  for (size_t i = 0; i < ARRAY_LEN(avx512_cpus); i++)
+    if (strcmp(avx512_cpus[i], cpu) == 0)
+      return LLVMCreateMessage("+avx512f");
+  return LLVMCreateMessage("");
+}
+
 static void target_init(Target *t, const CpuTarget *ct) {
   t->triple = LLVMGetDefaultTargetTriple();
   t->cpu = ct && ct->cpu ? LLVMCreateMessage(ct->cpu) : LLVMGetHostCPUName();
   t->features = ct && ct->features ? LLVMCreateMessage(ct->features)
-                : ct && ct->cpu     ? LLVMCreateMessage("")
+                : ct && ct->cpu     ? named_cpu_features(ct->cpu)
                                     : LLVMGetHostCPUFeatures();
 }
 
