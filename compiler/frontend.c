@@ -34,7 +34,8 @@ static const char *const impl_keys[] = {"foreach", "fused", "capturable", "diffe
 /* The bodies' own knobs for torch's rounding on the CPU, set from the recipe's
  * torch_cpu and dtypes (bind_torch_cpu) or at run time (torch_threads): not
  * optimizer keys. */
-static const char *const torch_cpu_knobs[] = {"mkl_sqrt", "lowp", "fused_vec", "torch_vec", "torch_threads"};
+static const char *const torch_cpu_knobs[] = {"mkl_sqrt", "lowp", "lowp_state", "fused_vec", "torch_vec",
+                                              "torch_threads"};
 
 static bool is_torch_cpu_knob(const char *name) {
   for (size_t k = 0; k < ARRAY_LEN(torch_cpu_knobs); k++)
@@ -1276,6 +1277,8 @@ static bool copy_body(Builder *b, const Graph *body, Ref grad) {
  *   mkl_sqrt        for-loop sqrt of f32 tensors: MKL's AVX-512 one
  *   lowp            16-bit tensors: the scalar tails of torch's 16-bit loops
  *                   (every 32 elements on both builds: torch_vec's default)
+ *   lowp_state      with lowp, whether the states are 16-bit too: torch
+ *                   promotes an op between a 16-bit and an f32 tensor to f32
  *   fused_vec       a fused kernel leaves numel % fused_vec elements of each
  *                   tensor to scalar code (on both builds)
  * (tests/torch/probe_ops.py and probe_fused.py measured each, under
@@ -1285,6 +1288,7 @@ static void bind_torch_cpu(Recipe *r) {
   bool lowp = r->param_dtype == TY_BF16 || r->param_dtype == TY_F16;
   bind(r, "mkl_sqrt", !r->fused && avx512 && r->state_dtype == TY_F32);
   bind(r, "lowp", lowp);
+  bind(r, "lowp_state", r->state_dtype == r->param_dtype);
   bind(r, "fused_vec", lowp ? 16 : 8);
 }
 

@@ -45,6 +45,16 @@ What each case does, as torchtune's training loop does it:
     whichever torch dispatched to here, so optc reproduces these files on any
     CPU.
   * Optimizer states start as torch initialises them (in.safetensors holds none).
+  * States in another dtype than the params (state_dtype; optc's
+    optimizer_state_dtype), which torch never makes itself: each state torch
+    would create is made in that dtype, with torch's initial value, before
+    the first step (RMSprop, Lion; Adagrad's sum, made at construction, is
+    remade), and torch then runs its ops on tensors of mixed dtypes, promoting
+    them as it does. SGD's momentum_buffer is grad.clone() on the first step,
+    in the grad's dtype, as torch makes it; it is converted to the state dtype
+    after that step (it holds the clone exactly), before the next. AdamW and
+    Adam cannot run so: torch's lerp_ refuses an f32 exp_avg with a bf16
+    grad, and so does RMSprop's centered grad_avg.
 
 expected.safetensors:
   * NAME: the param after the steps.
@@ -79,7 +89,9 @@ EMPTY = ("empty", [0])
 # Each case: name, torch component, kwargs (written to the recipe verbatim, in
 # this order, and passed to the optimizer; what is omitted takes torch's
 # default), and optionally steps, clip (max_norm), num_tokens, grad_scale,
-# empty (add the 0-element param), dtype (fp32, bf16, fp16) and fused.
+# empty (add the 0-element param), dtype (fp32, bf16, fp16), state_dtype (the
+# states' dtype when it is not dtype) and fused. New cases go at the end: a
+# case's seed is its index.
 CASES = [
     # AdamW with torch's defaults (lr 1e-3, weight_decay 0.01); betas and eps
     # are left out of the recipe so optc's defaults are checked against torch's.
@@ -162,6 +174,26 @@ CASES = [
          kwargs=dict(lr=0.05, lr_decay=0.01, weight_decay=0.1, initial_accumulator_value=0.1)),
     dict(name="adamw_fused_clip_scaled", component="torch.optim.AdamW", fused=True, clip=1.0,
          grad_scale=1.0, num_tokens=7, kwargs=dict(lr=1e-3, weight_decay=0.01)),
+    # States in f32 with 16-bit params (and bf16 with f32 params): an op between
+    # a state and a param or grad is an f32 op in torch, an op on the grad and
+    # the param alone is 16-bit. torch's fused kernels refuse mixed dtypes.
+    dict(name="sgd_momentum_bf16_fp32states", component="torch.optim.SGD", dtype="bf16", state_dtype="fp32",
+         steps=4, kwargs=dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
+    dict(name="sgd_nesterov_bf16_fp32states", component="torch.optim.SGD", dtype="bf16", state_dtype="fp32",
+         steps=4, kwargs=dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01, maximize=True)),
+    dict(name="sgd_nesterov_clip_scaled_fp16_fp32states", component="torch.optim.SGD", dtype="fp16",
+         state_dtype="fp32", clip=0.5, num_tokens=11, grad_scale=1.0,
+         kwargs=dict(lr=0.05, momentum=0.9, nesterov=True)),
+    dict(name="adagrad_bf16_fp32states", component="torch.optim.Adagrad", dtype="bf16", state_dtype="fp32",
+         kwargs=dict(lr=0.05, lr_decay=0.01, weight_decay=0.1, initial_accumulator_value=0.1)),
+    dict(name="rmsprop_momentum_bf16_fp32states", component="torch.optim.RMSprop", dtype="bf16",
+         state_dtype="fp32", kwargs=dict(lr=0.01, alpha=0.9, weight_decay=0.01, momentum=0.9)),
+    dict(name="lion_bf16_fp32states", component="optc.Lion", dtype="bf16", state_dtype="fp32",
+         kwargs=dict(lr=1e-4, betas=[0.9, 0.99], weight_decay=0.1)),
+    dict(name="sgd_momentum_fp32_bf16states", component="torch.optim.SGD", state_dtype="bf16",
+         kwargs=dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
+    dict(name="rmsprop_momentum_fp32_bf16states", component="torch.optim.RMSprop", state_dtype="bf16",
+         kwargs=dict(lr=0.01, alpha=0.9, eps=1e-6, weight_decay=0.01, momentum=0.9)),
 ]
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -269,6 +301,8 @@ def recipe_text(case):
     if case.get("fused"):
         lines.append("  fused: True")
     lines.append(f"dtype: {case.get('dtype', 'fp32')}")
+    if case.get("state_dtype"):
+        lines.append(f"optimizer_state_dtype: {case['state_dtype']}")
     lines.append(f"torch_cpu: {torch_cpu()}  # the CPU build torch dispatched to where these files were made")
     if case.get("clip") is not None:
         lines.append(f"clip_grad_norm: {yaml_scalar(float(case['clip']))}")
@@ -280,6 +314,34 @@ def torch_cpu():
 
 
 # ---------------------------------------------------------------- running
+
+def states_before(case, opt, params, sdt):
+    """Makes the states torch would make, in sdt, before the first step."""
+    comp, kw = case["component"], case["kwargs"]
+    assert comp not in ("torch.optim.AdamW", "torch.optim.Adam") and not kw.get("centered"), \
+        "torch's lerp_ refuses mixed dtypes"
+    assert not case.get("fused"), "torch's fused kernels refuse mixed dtypes"
+    for p in params:
+        z = lambda: torch.zeros_like(p, dtype=sdt)
+        st = opt.state[p]
+        if comp == "torch.optim.Adagrad":
+            st["sum"] = torch.full_like(p, kw.get("initial_accumulator_value", 0.0), dtype=sdt)
+        elif comp == "torch.optim.RMSprop":
+            st["step"] = torch.zeros((), dtype=torch.float32)
+            st["square_avg"] = z()
+            if kw.get("momentum", 0) > 0:
+                st["momentum_buffer"] = z()
+        elif comp == "optc.Lion":
+            st["exp_avg"] = z()
+
+
+def states_after(opt, params, sdt):
+    """SGD's first step made momentum_buffer in the grad's dtype: keep it in sdt."""
+    for p in params:
+        st = opt.state[p]
+        if st.get("momentum_buffer") is not None:
+            st["momentum_buffer"] = st["momentum_buffer"].to(sdt)
+
 
 def run_case(idx, case):
     steps = case.get("steps", 3)
@@ -300,6 +362,9 @@ def run_case(idx, case):
         inputs[n + ".grad"] = g.clone()
 
     opt = make_optimizer(case, params)
+    sdt = TORCH_DTYPES[case.get("state_dtype", case.get("dtype", "fp32"))]
+    if sdt != dt:
+        states_before(case, opt, params, sdt)
     norm = None
     for _ in range(steps):
         for p, g in zip(params, grads):
@@ -319,6 +384,8 @@ def run_case(idx, case):
             assert norm is None or norm == total.item()  # the same grads every step
             norm = total.item()
         opt.step()
+        if sdt != dt:
+            states_after(opt, params, sdt)
 
     expected = {}
     sd = opt.state_dict()["state"]
@@ -331,7 +398,7 @@ def run_case(idx, case):
             assert k in STATE_NAMES, (case["name"], k)
             if v is None:
                 continue
-            assert torch.is_tensor(v) and v.dtype == dt and v.shape == p.shape, (k, v)
+            assert torch.is_tensor(v) and v.dtype == sdt and v.shape == p.shape, (k, v)
             expected[f"{n}.{k}"] = v.detach().clone()
         if "step" in st:
             s = st["step"]
