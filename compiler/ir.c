@@ -233,7 +233,8 @@ void graph_permute(Graph *g, const Ref *order) {
   int n = g->nins;
   Ref *inv = arena_alloc(g->arena, sizeof(Ref) * (size_t)(n ? n : 1));
   Ins *old = arena_alloc(g->arena, sizeof(Ins) * (size_t)(n ? n : 1));
-  memcpy(old, g->ins, sizeof(Ins) * (size_t)n);
+  if (n)
+    memcpy(old, g->ins, sizeof(Ins) * (size_t)n);
   for (int i = 0; i < n; i++)
     inv[order[i]] = i;
   for (int i = 0; i < n; i++) {

@@ -310,7 +310,7 @@ static void test_bad_input(void) {
     optc_buffers b = {.ntensors = 1};
     CHECK(optc_step_run(s, &b, NULL, 0, 1, NULL, &err) == OPTC_ERR_INVALID, "a NULL numel table: %s", err.message);
     int64_t n1 = 5;
-    void *null[1] = {NULL};
+    void *null[2] = {NULL, NULL}; /* AdamW's two states: state[k * ntensors + t] */
     b = (optc_buffers){.ntensors = 1, .numel = &n1, .param = null, .grad = null, .state = null};
     optc_scalar sc[] = {{"step", 1}};
     CHECK(optc_step_run(s, &b, sc, 1, 1, NULL, &err) == OPTC_ERR_INVALID && strstr(err.message, "NULL"),
