@@ -184,6 +184,129 @@ int fsdp_step(Fsdp *f, Executor *x, const double *inputs, StepResult *res);
  * status; each rank gets --threads threads_per_rank when > 0. */
 int launch_mpirun(int nproc, int argc, char **argv, int threads_per_rank);
 
+/* ---- ckpt_config.c: a checkpoint directory before its tensors --------------------------------------
+ * The recipe's checkpointer block (torchtune's FullModelHFCheckpointer) and
+ * the model's config.json. */
+
+/* The recipe's checkpointer block. */
+typedef struct {
+  const char *checkpoint_dir; /* NULL when not given */
+  const char **files;         /* (nfiles) checkpoint_files, formatted and sorted, in checkpoint_dir */
+  int nfiles;
+  const char *output_dir;
+  int64_t max_shard_size;     /* bytes; optc's key max_shard_size, default "5GB" (5e9) */
+  long keep_last_n;           /* keep_last_n_checkpoints; 0: keep all */
+  bool resume;                /* resume_from_checkpoint or should_load_recipe_state in the block */
+  SrcPos pos;
+} CkptConfig;
+
+/* Reads r's checkpointer block into *out (arena-allocated); interp, when
+ * not NULL, resolves ${key} in its strings. output_dir defaults to
+ * default_out. 0, or -1 with an error at the key. */
+int ckpt_config(const Recipe *r, const char *(*interp)(void *ctx, const char *s), void *ctx, const char *default_out,
+                CkptConfig *out);
+/* torchtune's FormattedCheckpointFiles: filename_format has two {}
+ * placeholders; file i (from 1) is fmt.format(str(i).zfill(len(max)), max),
+ * for int(max) files. *out is malloc'd (ckpt_strings_free). 0, or -1 with
+ * the reason in why. */
+int ckpt_format_files(const char *fmt, const char *max_filename, char ***out, int *n, char *why, size_t whylen);
+void ckpt_strings_free(char **s, int n);
+/* huggingface_hub's parse_size_to_int ("5GB" = 5e9 bytes; TB GB MB KB),
+ * or a number of bytes. */
+bool ckpt_parse_size(const char *s, int64_t *out);
+/* A config.json as optc's model takes it. */
+typedef struct {
+  L4Config c;
+  bool multimodal; /* Llama4ForConditionalGeneration: text_config nested, tensors under language_model. */
+  bool tie_word_embeddings;
+  long experts_per_token, moe_every_n_layers, max_position_embeddings;
+} HfConfig;
+
+/* Reads HF's Llama4TextConfig keys (under text_config when there is one),
+ * with HF's defaults for absent ones. -1 with an error naming the key when
+ * optc's model cannot be that model (dense layers, top-k > 1, ...). */
+int hf_config_read(const char *path, HfConfig *out);
+/* The model's dims: config.json's (config_path, NULL for none), where every
+ * dim the recipe's model block gives must agree (an error at the key when
+ * not), else the recipe's. */
+int ckpt_model_config(const Recipe *r, const char *config_path, L4Config *out, bool *multimodal);
+/* A Llama4ForCausalLM config.json for c with weights in dtype; malloc'd. */
+char *hf_config_text(const L4Config *c, Type dtype, long max_positions);
+
+/* ---- ckpt.c: HF checkpoint directories (torchtune's FullModelHFCheckpointer) ---------------------
+ * config.json, one model.safetensors or model-NNNNN-of-NNNNN.safetensors
+ * shards with model.safetensors.index.json; read shard by shard straight
+ * into the caller's buffers, written in huggingface_hub's shards. */
+
+/* huggingface_hub's split_state_dict_into_shards_factory: tensors in order
+ * fill a shard until the next would take it past max; a tensor over max is
+ * a shard of its own, numbered when met, ahead of the shard being filled.
+ * Sets shard_of[i] (from 0) and returns the shard count. */
+int ckpt_plan_shards(const int64_t *nbytes, int n, int64_t max, int *shard_of);
+/* model.safetensors when n == 1, else model-%05d-of-%05d.safetensors (k from 0). */
+void ckpt_shard_name(int k, int n, char *buf, size_t len);
+
+/* A checkpoint directory's shards, headers read, files open. */
+typedef struct {
+  const char *name; /* an StFile entry's */
+  int file, entry;
+} CkptName;
+
+typedef struct {
+  char *dir;
+  StFile *files;
+  int nfiles;
+  CkptName *names; /* (nnames) every tensor, sorted by name */
+  int nnames;
+  bool indexed; /* model.safetensors.index.json was read and checked */
+} CkptDir;
+
+/* Opens dir's files (nfiles == 0: the index's, else model.safetensors,
+ * else model-*-of-*.safetensors) and checks the index, when there is one,
+ * against their headers. 0, or -1 with an error naming the file and the
+ * tensor. The caller closes with ckpt_dir_close. */
+int ckpt_dir_open(CkptDir *d, const char *dir, const char *const *files, int nfiles);
+/* The same for one safetensors file, with no index (optimizer.safetensors). */
+int ckpt_file_open(CkptDir *d, const char *path);
+void ckpt_dir_close(CkptDir *d);
+const StEntry *ckpt_dir_find(const CkptDir *d, const char *name, int *file, int *entry);
+
+/* A tensor to load: elements [lo, hi) of it, converted to dtype, land at
+ * dst + lo elements (dst is where element 0 would be). */
+typedef struct {
+  const char *name;
+  int ndim;
+  const int64_t *shape;
+  Type dtype;
+  void *dst;
+  int64_t lo, hi;
+} CkptWant;
+
+/* Checks every want against the headers (missing, mis-shaped, not a float
+ * dtype) and every tensor under own_prefix (NULL: all) against the wants
+ * (unexpected), printing each problem with its file; then reads the data
+ * file by file, front to back. 0, or -1. */
+int ckpt_dir_load(const CkptDir *d, const CkptWant *w, int n, const char *own_prefix);
+/* The tensors of d not under own_prefix (NULL: none), as views copying
+ * from d's open files; fills out when not NULL and returns the count. */
+int ckpt_dir_others(const CkptDir *d, const char *own_prefix, StView *out);
+
+/* Writes v to dir in shards of max_shard bytes (ckpt_plan_shards), each
+ * with {"format": "pt"}, and the index when there are several. */
+int ckpt_write_model(const char *dir, const StView *v, int n, int64_t max_shard, int *nshards);
+/* torchtune's copy_files: what src holds but weights, dotfiles and files
+ * over 100 MiB, copied to dst (files already there are kept). */
+int ckpt_copy_files(const char *src, const char *dst);
+/* Renames the complete directory tmp to final; a final already there is
+ * swapped out in one rename and removed. */
+int ckpt_commit_dir(const char *tmp, const char *final);
+/* Removes the .step_N.tmp.PID directories of writers no longer running
+ * (killed mid-save). */
+int ckpt_clean_stale(const char *out_dir);
+/* Removes all but the keep newest step_N directories of out_dir. */
+int ckpt_prune(const char *out_dir, long keep);
+int ckpt_remove_tree(const char *path);
+
 /* ---- train.c: the full_finetune_distributed recipe -------------------------------------------- */
 typedef struct {
   long steps;  /* > 0: run this many steps (bench), else the recipe's */

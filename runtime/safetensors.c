@@ -1,4 +1,5 @@
-/* safetensors.c: the safetensors format, read and written whole.
+/* safetensors.c: the safetensors format, read and written whole, or (for
+ * checkpoints larger than memory) a header first and the data on demand.
  *
  * Layout (huggingface/safetensors, README "Format"):
  *
@@ -26,6 +27,7 @@
 #include <jansson.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* Tensor bytes are copied as they lie in the file, which is only right on a
  * host with the format's byte order. */
@@ -578,22 +580,6 @@ static int check_layout(Reader *r) {
   return 0;
 }
 
-/* The data region is tiled in sorted order, so it is read front to back. */
-static int read_data(Reader *r, TensorFile *tf) {
-  for (int i = 0; i < r->nentries; i++) {
-    const Entry *e = &r->entries[i];
-    void *data = alloc_data(r->path, e->name, e->nbytes);
-    if (!data)
-      return -1;
-    if (read_exact(r, e->name, data, (size_t)e->nbytes, "its data") != 0) {
-      free(data);
-      return -1;
-    }
-    tf_push(tf, xstrdup(e->name), e->dtype, e->ndim, e->shape, e->numel, data);
-  }
-  return 0;
-}
-
 static void reader_close(Reader *r) {
   /* Nothing was written, so a failing fclose loses nothing. */
   if (r->f)
@@ -602,15 +588,102 @@ static void reader_close(Reader *r) {
   free(r->entries);
 }
 
+/* Everything but the data: the header parsed and checked, the entries in
+ * data order, the file kept open for st_read_at. */
+int st_open(const char *path, StFile *out) {
+  *out = (StFile){0};
+  Reader r = {.path = path};
+  StFile sf = {0};
+  int rc = -1;
+  if (open_file(&r) == 0 && read_header(&r) == 0 && parse_header(&r, &sf.meta) == 0 &&
+      check_layout(&r) == 0) {
+    sf.path = xstrdup(path);
+    sf.f = r.f;
+    r.f = NULL;
+    sf.file_size = r.file_size;
+    sf.n = r.nentries;
+    sf.entries = calloc((size_t)sf.n + 1, sizeof(StEntry));
+    ASSERT(sf.entries);
+    for (int i = 0; i < sf.n; i++) {
+      const Entry *e = &r.entries[i];
+      StEntry *d = &sf.entries[i];
+      *d = (StEntry){.name = xstrdup(e->name), .dtype = e->dtype, .ndim = e->ndim, .numel = e->numel,
+                     .nbytes = e->nbytes, .begin = 8 + r.header_len + e->begin};
+      memcpy(d->shape, e->shape, sizeof d->shape);
+    }
+    rc = 0;
+  }
+  reader_close(&r);
+  if (rc == 0)
+    *out = sf;
+  else
+    tf_free(&sf.meta);
+  return rc;
+}
+
+int st_read_at(const StFile *sf, int i, int64_t off, int64_t n, void *dst) {
+  ASSERT(i >= 0 && i < sf->n);
+  const StEntry *e = &sf->entries[i];
+  ASSERT(off >= 0 && n >= 0 && off <= e->nbytes - n);
+  int fd = fileno(sf->f);
+  char *p = dst;
+  while (n > 0) {
+    ssize_t got = pread(fd, p, (size_t)MIN(n, (int64_t)1 << 30), (off_t)(e->begin + off));
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got < 0) {
+      st_error(sf->path, e->name, "cannot read its data: %s", strerror(errno));
+      return -1;
+    }
+    if (got == 0) {
+      st_error(sf->path, e->name, "file ended inside its data (was it changed while being read?)");
+      return -1;
+    }
+    p += got;
+    off += got;
+    n -= got;
+  }
+  return 0;
+}
+
+int st_find(const StFile *sf, const char *name) {
+  for (int i = 0; i < sf->n; i++)
+    if (strcmp(sf->entries[i].name, name) == 0)
+      return i;
+  return -1;
+}
+
+void st_close(StFile *sf) {
+  if (sf->f)
+    fclose(sf->f);
+  for (int i = 0; i < sf->n; i++)
+    free(sf->entries[i].name);
+  free(sf->entries);
+  free(sf->path);
+  tf_free(&sf->meta);
+  *sf = (StFile){0};
+}
+
+/* The data region is tiled in data order, so it is read front to back. */
 int st_read(const char *path, TensorFile *out) {
   *out = (TensorFile){0};
-  Reader r = {.path = path};
-  TensorFile tf = {0};
-  int rc = -1;
-  if (open_file(&r) == 0 && read_header(&r) == 0 && parse_header(&r, &tf) == 0 &&
-      check_layout(&r) == 0 && read_data(&r, &tf) == 0)
-    rc = 0;
-  reader_close(&r);
+  StFile sf;
+  if (st_open(path, &sf) != 0)
+    return -1;
+  TensorFile tf = sf.meta; /* the metadata moves over; tensors follow */
+  sf.meta = (TensorFile){0};
+  int rc = 0;
+  for (int i = 0; i < sf.n && rc == 0; i++) {
+    const StEntry *e = &sf.entries[i];
+    void *data = alloc_data(path, e->name, e->nbytes);
+    if (!data || st_read_at(&sf, i, 0, e->nbytes, data) != 0) {
+      free(data);
+      rc = -1;
+      break;
+    }
+    tf_push(&tf, xstrdup(e->name), e->dtype, e->ndim, e->shape, e->numel, data);
+  }
+  st_close(&sf);
   if (rc == 0)
     *out = tf;
   else
@@ -621,7 +694,8 @@ int st_read(const char *path, TensorFile *out) {
 /* ---- writing ---------------------------------------------------------------- */
 
 typedef struct {
-  const TensorFile *tf;
+  const StView *v;
+  int n;
   char *header;      /* compact JSON from json_dumps */
   size_t header_len; /* strlen(header) */
   size_t padded;     /* N: header_len rounded up to a multiple of 8 */
@@ -638,23 +712,26 @@ static int set_string(const char *path, json_t *obj, const char *key, const char
   return 0;
 }
 
-/* Checks that t can be written, and returns its header entry, or NULL with an
- * error printed. */
-static json_t *tensor_entry(const char *path, const Tensor *t, int64_t offset) {
-  const char *dtype = st_dtype_name(t->dtype);
+/* Checks that v can be written, sets *nbytes, and returns its header entry,
+ * or NULL with an error printed. */
+static json_t *tensor_entry(const char *path, const StView *v, int64_t offset, int64_t *nbytes) {
+  const char *dtype = st_dtype_name(v->dtype);
   if (!dtype) {
-    st_error(path, t->name, "type %d has no safetensors dtype", (int)t->dtype);
+    st_error(path, v->name, "type %d has no safetensors dtype", (int)v->dtype);
     return NULL;
   }
-  int64_t numel, nbytes;
-  if (t->ndim < 0 || t->ndim > TENSOR_MAX_DIMS ||
-      !shape_size(t->dtype, t->ndim, t->shape, &numel, &nbytes) || numel != t->numel) {
-    st_error(path, t->name, "numel %lld does not match its %d-dim shape", (long long)t->numel,
-             t->ndim);
+  int64_t numel;
+  if (v->ndim < 0 || v->ndim > TENSOR_MAX_DIMS ||
+      !shape_size(v->dtype, v->ndim, v->shape, &numel, nbytes)) {
+    st_error(path, v->name, "its %d-dim shape is not a valid shape", v->ndim);
     return NULL;
   }
-  if (!t->data && nbytes > 0) {
-    st_error(path, t->name, "has no data");
+  if (v->src) {
+    /* a tensor passed through: the caller matched it to its source */
+    ASSERT(v->src_index >= 0 && v->src_index < v->src->n);
+    ASSERT(v->src->entries[v->src_index].nbytes == *nbytes);
+  } else if (!v->data && *nbytes > 0) {
+    st_error(path, v->name, "has no data");
     return NULL;
   }
   json_t *shape = json_array();
@@ -662,69 +739,72 @@ static json_t *tensor_entry(const char *path, const Tensor *t, int64_t offset) {
   if (!shape || !e) {
     json_decref(shape);
     json_decref(e);
-    st_error(path, t->name, "out of memory building the header");
+    st_error(path, v->name, "out of memory building the header");
     return NULL;
   }
   bool ok = true;
-  for (int i = 0; i < t->ndim; i++)
-    ok = ok && json_array_append_new(shape, json_integer(t->shape[i])) == 0;
+  for (int i = 0; i < v->ndim; i++)
+    ok = ok && json_array_append_new(shape, json_integer(v->shape[i])) == 0;
   /* set_new takes the value even when it fails, so shape is not leaked. */
   ok = ok && json_object_set_new(e, "dtype", json_string(dtype)) == 0;
   ok = json_object_set_new(e, "shape", shape) == 0 && ok;
   ok = ok && json_object_set_new(
                  e, "data_offsets",
-                 json_pack("[I,I]", (json_int_t)offset, (json_int_t)(offset + nbytes))) == 0;
+                 json_pack("[I,I]", (json_int_t)offset, (json_int_t)(offset + *nbytes))) == 0;
   if (!ok) {
     json_decref(e);
-    st_error(path, t->name, "out of memory building the header");
+    st_error(path, v->name, "out of memory building the header");
     return NULL;
   }
   return e;
 }
 
-/* { "__metadata__": {...}, NAME: {...}, ... } in the order of tf. */
-static json_t *build_header(const char *path, const TensorFile *tf) {
+/* { "__metadata__": {...}, NAME: {...}, ... } in the order of v. */
+static json_t *build_header(const char *path, const StView *v, int n, const char *const *meta,
+                            int nmeta) {
   int64_t offset = 0;
   json_t *root = json_object();
-  json_t *meta = tf->nmeta ? json_object() : NULL;
-  if (!root || (tf->nmeta && !meta))
+  json_t *md = nmeta ? json_object() : NULL;
+  if (!root || (nmeta && !md))
     goto oom;
-  for (int i = 0; i < tf->nmeta; i++)
-    if (set_string(path, meta, tf->meta_keys[i], tf->meta_vals[i]) != 0)
+  for (int i = 0; i < nmeta; i++)
+    if (set_string(path, md, meta[2 * i], meta[2 * i + 1]) != 0)
       goto fail;
-  if (meta) {
-    int rc = json_object_set_new(root, "__metadata__", meta);
-    meta = NULL; /* taken, even on failure */
+  if (md) {
+    int rc = json_object_set_new(root, "__metadata__", md);
+    md = NULL; /* taken, even on failure */
     if (rc != 0)
       goto oom;
   }
-  for (int i = 0; i < tf->n; i++) {
-    const Tensor *t = &tf->tensors[i];
-    if (strcmp(t->name, "__metadata__") == 0) {
-      st_error(path, t->name, "the name is reserved for the metadata");
+  for (int i = 0; i < n; i++) {
+    if (strcmp(v[i].name, "__metadata__") == 0) {
+      st_error(path, v[i].name, "the name is reserved for the metadata");
       goto fail;
     }
-    if (json_object_get(root, t->name)) {
-      st_error(path, t->name, "appears twice");
+    if (json_object_get(root, v[i].name)) {
+      st_error(path, v[i].name, "appears twice");
       goto fail;
     }
-    json_t *e = tensor_entry(path, t, offset);
+    int64_t nbytes;
+    json_t *e = tensor_entry(path, &v[i], offset, &nbytes);
     if (!e)
       goto fail;
-    if (json_object_set_new(root, t->name, e) != 0) {
-      st_error(path, t->name, "the name is not valid UTF-8");
+    if (json_object_set_new(root, v[i].name, e) != 0) {
+      st_error(path, v[i].name, "the name is not valid UTF-8");
       goto fail;
     }
-    offset += tensor_nbytes(t);
+    offset += nbytes;
   }
   return root;
 oom:
   st_error(path, NULL, "out of memory building the header");
 fail:
-  json_decref(meta);
+  json_decref(md);
   json_decref(root);
   return NULL;
 }
+
+enum { COPY_CHUNK = 16 << 20 }; /* bytes of a passed-through tensor in memory at once */
 
 /* The fill callback of file_write_atomic_with: N, header, padding, data. */
 static int write_file(FILE *f, void *ctx) {
@@ -737,22 +817,39 @@ static int write_file(FILE *f, void *ctx) {
   for (size_t i = w->header_len; i < w->padded; i++)
     if (fputc(' ', f) == EOF)
       return -1;
-  for (int i = 0; i < w->tf->n; i++) {
-    const Tensor *t = &w->tf->tensors[i];
-    size_t n = (size_t)tensor_nbytes(t);
-    if (n > 0 && fwrite(t->data, 1, n, f) != n)
+  char *chunk = NULL;
+  int rc = 0;
+  for (int i = 0; i < w->n && rc == 0; i++) {
+    const StView *v = &w->v[i];
+    if (!v->src) {
+      int64_t numel = 1;
+      for (int d = 0; d < v->ndim; d++)
+        numel *= v->shape[d];
+      size_t n = (size_t)(numel * type_size(v->dtype));
+      if (n > 0 && fwrite(v->data, 1, n, f) != n)
+        rc = -1;
+      continue;
+    }
+    int64_t total = v->src->entries[v->src_index].nbytes;
+    if (!chunk && total > 0 && !(chunk = malloc(COPY_CHUNK)))
       return -1;
+    for (int64_t at = 0; at < total && rc == 0; at += COPY_CHUNK) {
+      int64_t m = MIN((int64_t)COPY_CHUNK, total - at);
+      if (st_read_at(v->src, v->src_index, at, m, chunk) != 0 || fwrite(chunk, 1, (size_t)m, f) != (size_t)m)
+        rc = -1;
+    }
   }
-  return 0;
+  free(chunk);
+  return rc;
 }
 
-int st_write(const char *path, const TensorFile *tf) {
-  /* Everything that can be wrong with tf is found here, before a temporary
-   * file exists. */
-  json_t *root = build_header(path, tf);
+int st_write_views(const char *path, const StView *v, int n, const char *const *meta, int nmeta) {
+  /* Everything that can be wrong with the tensors is found here, before a
+   * temporary file exists. */
+  json_t *root = build_header(path, v, n, meta, nmeta);
   if (!root)
     return -1;
-  Writer w = {.tf = tf, .header = json_dumps(root, JSON_COMPACT)};
+  Writer w = {.v = v, .n = n, .header = json_dumps(root, JSON_COMPACT)};
   json_decref(root);
   if (!w.header) {
     st_error(path, NULL, "out of memory printing the header");
@@ -767,5 +864,34 @@ int st_write(const char *path, const TensorFile *tf) {
   else
     rc = file_write_atomic_with(path, write_file, &w);
   free(w.header);
+  return rc;
+}
+
+int st_write(const char *path, const TensorFile *tf) {
+  StView *v = calloc((size_t)tf->n + 1, sizeof(StView));
+  const char **meta = calloc(2 * (size_t)tf->nmeta + 1, sizeof(char *));
+  ASSERT(v && meta);
+  for (int i = 0; i < tf->n; i++) {
+    const Tensor *t = &tf->tensors[i];
+    int64_t numel, nbytes;
+    if (st_dtype_name(t->dtype) &&
+        (t->ndim < 0 || t->ndim > TENSOR_MAX_DIMS ||
+         !shape_size(t->dtype, t->ndim, t->shape, &numel, &nbytes) || numel != t->numel)) {
+      st_error(path, t->name, "numel %lld does not match its %d-dim shape", (long long)t->numel, t->ndim);
+      free(v);
+      free(meta);
+      return -1;
+    }
+    v[i] = (StView){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
+    if (t->ndim > 0 && t->ndim <= TENSOR_MAX_DIMS)
+      memcpy(v[i].shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+  }
+  for (int i = 0; i < tf->nmeta; i++) {
+    meta[2 * i] = tf->meta_keys[i];
+    meta[2 * i + 1] = tf->meta_vals[i];
+  }
+  int rc = st_write_views(path, v, tf->n, meta, tf->nmeta);
+  free(v);
+  free(meta);
   return rc;
 }

@@ -37,6 +37,59 @@ int st_read(const char *path, TensorFile *out);
  * 0, or -1 with one error printed and path untouched. */
 int st_write(const char *path, const TensorFile *tf);
 
+/* ---- safetensors.c: a file's header, its data on demand --------------------
+ * For checkpoints larger than memory: st_open reads and checks the header
+ * (every check st_read makes, data layout included) and keeps the file
+ * open; st_read_at copies any byte range of one tensor to the caller's
+ * memory, so a tensor can go straight to where it lives. */
+typedef struct {
+  char *name; /* malloc'd */
+  Type dtype;
+  int ndim;
+  int64_t shape[TENSOR_MAX_DIMS];
+  int64_t numel, nbytes;
+  int64_t begin; /* where its data starts, from the start of the file */
+} StEntry;
+
+typedef struct {
+  char *path; /* malloc'd copy, for messages */
+  FILE *f;
+  int64_t file_size;
+  StEntry *entries; /* (n) in data order */
+  int n;
+  TensorFile meta; /* "__metadata__" only: no tensors */
+} StFile;
+
+/* Opens path and reads its header into *out. Returns 0; or -1 with one
+ * error printed (as st_read prints them) and *out zeroed. The caller
+ * closes with st_close. */
+int st_open(const char *path, StFile *out);
+/* Reads n bytes of entry i's data, from byte off of it, into dst. 0, or -1
+ * with an error naming the file and the tensor (a short read: the file
+ * changed after st_open). */
+int st_read_at(const StFile *f, int i, int64_t off, int64_t n, void *dst);
+/* The index of the entry called name, or -1. Linear in f->n. */
+int st_find(const StFile *f, const char *name);
+void st_close(StFile *f);
+
+/* ---- safetensors.c: writing tensors it does not own -------------------------- */
+/* One tensor to write: its bytes at data, or, when src is set, the bytes of
+ * entry src_index of an open file (a tensor passed through unchanged, read
+ * and written a few MB at a time; the caller has matched dtype and shape). */
+typedef struct {
+  const char *name;
+  Type dtype;
+  int ndim;
+  int64_t shape[TENSOR_MAX_DIMS];
+  const void *data;
+  const StFile *src;
+  int src_index;
+} StView;
+
+/* Writes the n tensors in order, as st_write does (atomically; the same
+ * checks first), with metadata meta[2k] = meta[2k + 1] for k < nmeta. */
+int st_write_views(const char *path, const StView *v, int n, const char *const *meta, int nmeta);
+
 /* ---- safetensors.c: tensor files in memory ---------------------------------- */
 
 /* Frees every name, buffer and array, and leaves *tf zeroed. */

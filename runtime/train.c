@@ -19,7 +19,9 @@
 #include "rt.h"
 
 #include <cblas.h>
+#include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -30,7 +32,11 @@ typedef struct {
   /* recipe */
   Recipe *r;
   const char *output_dir, *log_dir, *ckpt_dir;
-  const char *init_checkpoint; /* checkpointer.checkpoint_files[0] in checkpoint_dir, if any */
+  CkptConfig ck;      /* the checkpointer block; ckpt_dir is its output_dir */
+  const char *hf_config; /* checkpoint_dir/config.json when there is one */
+  bool multimodal;    /* a Llama4ForConditionalGeneration checkpoint: the decoder under language_model. */
+  CkptDir src;        /* the checkpoint loaded, kept open when it has tensors passed through */
+  bool have_src;
   long steps_per_epoch, total_steps, max_steps, save_every, log_every, eval_every;
   bool resume, compiled;
   /* machinery */
@@ -161,155 +167,291 @@ static int check_memory(Trainer *t, int batch, int seq) {
   return 0;
 }
 
-/* ---- checkpoints ----------------------------------------------------------------------- */
+/* ---- checkpoints -----------------------------------------------------------------------
+ * output_dir/step_N/, as torchtune's FullModelHFCheckpointer writes it:
+ *   config.json (and the other small files of checkpoint_dir), copied, or
+ *     written from the dims when the run did not start from a checkpoint
+ *   model.safetensors, or model-NNNNN-of-NNNNN.safetensors shards of at
+ *     most checkpointer.max_shard_size and model.safetensors.index.json
+ *     (HF's names, the params' own dtype)
+ *   optimizer.safetensors: each param's states under torch's state names
+ *     and NAME.step
+ *   recipe_state.json: where the run is
+ * Everything goes into a hidden temporary directory, each file under a
+ * temporary name renamed when written, and the directory is renamed to
+ * step_N when complete; `latest` names it only then. */
 
-typedef struct {
-  Trainer *t;
-  ParamGroup *pg;
-} Saving;
+/* The decoder's tensors as the checkpoint names them: HF's, under
+ * language_model. in a Llama4ForConditionalGeneration checkpoint. */
+static const char *hf_prefix(const Trainer *t) { return t->multimodal ? "language_model." : ""; }
 
-/* Model: the params under HF's names, in the recipe's dtype. Optimizer:
- * each param's states under torch's state_dict names and NAME.step.
- * Recipe state: where the run is. All three are written to temporary
- * names and renamed, and `latest` names the directory only once they are. */
+/* The collective type that moves t's bytes unchanged. */
+static CollType move_type(Type ty) { return type_size(ty) == 2 ? COLL_BF16 : type_size(ty) == 8 ? COLL_F64 : COLL_F32; }
+
+static bool is_opt_buf(const Buffer *b) { return b->kind != BUF_PARAM && b->kind != BUF_GRAD; }
+
 static int save_checkpoint(Trainer *t) {
   const Graph *g = t->g;
-  ParamGroup pg;
-  int64_t *numel = malloc(sizeof(int64_t) * (size_t)t->ntensors);
-  for (int i = 0; i < t->ntensors; i++)
-    numel[i] = t->tensors[i].numel;
-  if (group_alloc(&pg, g, t->ntensors, numel) != 0) {
-    free(numel);
-    return -1;
+  Fsdp *f = &t->f;
+  /* every rank takes part in gathering the optimizer states; rank 0
+   * writes them, and the params, which every rank holds whole */
+  void **full = calloc((size_t)g->nbufs + 1, sizeof(void *));
+  ASSERT(full);
+  int rc = 0;
+  for (int b = 0; b < g->nbufs && rc == 0; b++) {
+    if (!is_opt_buf(&g->bufs[b]))
+      continue;
+    Type ty = (Type)g->bufs[b].type;
+    if (!(full[b] = coll_mem_alloc(t->coll, (size_t)f->P * (size_t)type_size(ty))))
+      rc = -1;
+    else
+      rc = coll_all_gather(t->coll, f->mem[b], full[b], f->S, move_type(ty));
   }
-  free(numel);
-  int rc = fsdp_store(&t->f, &pg); /* every rank takes part in the gather */
-  if (rc != 0 || t->rank != 0) {
-    group_free(&pg);
-    return rc;
-  }
-  char dir[4096], path[4200];
+  char tmp[4200], dir[4200], path[4300];
+  snprintf(tmp, sizeof tmp, "%s/.step_%ld.tmp.%ld", t->ckpt_dir, t->step, (long)getpid());
   snprintf(dir, sizeof dir, "%s/step_%ld", t->ckpt_dir, t->step);
-  mkdir_p(dir);
-  TensorFile model = {0}, opt = {0};
+  int nviews = t->ntensors + (t->have_src ? ckpt_dir_others(&t->src, hf_prefix(t), NULL) : 0);
+  int nopt = t->ntensors * (g->nbufs + 1);
+  StView *views = calloc((size_t)MAX(nviews, nopt) + 1, sizeof(StView));
+  char (*names)[256] = calloc((size_t)MAX(nviews, nopt) + 1, 256);
+  ASSERT(views && names);
+  if (rc != 0 || t->rank != 0)
+    goto out;
+  mkdir_p(t->ckpt_dir);
+  ckpt_clean_stale(t->ckpt_dir);
+  ckpt_remove_tree(tmp);
+  if (mkdir(tmp, 0755) != 0) {
+    error("cannot create '%s': %s", tmp, strerror(errno));
+    rc = -1;
+    goto out;
+  }
+  /* the model */
+  Type pt = (Type)g->bufs[f->pbuf].type;
+  for (int i = 0; i < t->ntensors; i++) {
+    const L4Tensor *lt = &t->tensors[i];
+    snprintf(names[i], sizeof names[i], "%s%s", hf_prefix(t), lt->name);
+    views[i] = (StView){.name = names[i], .dtype = pt, .ndim = lt->ndim,
+                        .data = (char *)f->params + (size_t)f->full.offset[i] * (size_t)type_size(pt)};
+    memcpy(views[i].shape, lt->shape, sizeof(int64_t) * (size_t)lt->ndim);
+  }
+  if (t->have_src) /* a multimodal checkpoint's vision tower and projector, unchanged */
+    ckpt_dir_others(&t->src, hf_prefix(t), views + t->ntensors);
+  rc = ckpt_write_model(tmp, views, nviews, t->ck.max_shard_size, NULL);
+  /* config.json: torchtune copies checkpoint_dir's small files */
+  if (rc == 0 && t->hf_config) {
+    rc = ckpt_copy_files(t->ck.checkpoint_dir, tmp);
+  } else if (rc == 0) {
+    char *text = hf_config_text(&t->cfg, pt, t->r->model.max_seq_len);
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    rc = file_write_atomic(path, text, strlen(text));
+    free(text);
+  }
+  /* the optimizer */
+  int n = 0;
+  float stepf = (float)f->step;
   for (int i = 0; i < t->ntensors && rc == 0; i++) {
     const L4Tensor *lt = &t->tensors[i];
-    for (int b = 0; b < g->nbufs && rc == 0; b++) {
-      const Buffer *buf = &g->bufs[b];
-      if (buf->kind == BUF_GRAD)
+    for (int b = 0; b < g->nbufs; b++) {
+      if (!is_opt_buf(&g->bufs[b]))
         continue;
-      char name[256];
-      if (buf->kind == BUF_PARAM)
-        snprintf(name, sizeof name, "%s", lt->name);
-      else
-        snprintf(name, sizeof name, "%s.%s", lt->name, buf->name);
-      Tensor *x = tf_add(buf->kind == BUF_PARAM ? &model : &opt, name, (Type)buf->type, lt->ndim, lt->shape);
-      if (!x) {
-        rc = -1;
-        break;
-      }
-      size_t es = (size_t)type_size(buf->type);
-      memcpy(x->data, (char *)pg.bufs[b] + (size_t)pg.layout.offset[i] * es, (size_t)x->numel * es);
+      Type ty = (Type)g->bufs[b].type;
+      snprintf(names[n], sizeof names[n], "%s.%s", lt->name, g->bufs[b].name);
+      views[n] = (StView){.name = names[n], .dtype = ty, .ndim = lt->ndim,
+                          .data = (char *)full[b] + (size_t)f->full.offset[i] * (size_t)type_size(ty)};
+      memcpy(views[n].shape, lt->shape, sizeof(int64_t) * (size_t)lt->ndim);
+      n++;
     }
-    char sname[256];
-    snprintf(sname, sizeof sname, "%s.step", lt->name);
-    Tensor *st = tf_add(&opt, sname, TY_F32, 0, NULL);
-    if (st)
-      *(float *)st->data = (float)t->f.step;
+    snprintf(names[n], sizeof names[n], "%s.step", lt->name);
+    views[n++] = (StView){.name = names[n - 1], .dtype = TY_F32, .ndim = 0, .data = &stepf};
   }
   char num[64];
   snprintf(num, sizeof num, "%ld", t->step);
-  tf_set_meta(&model, "format", "pt");
-  tf_set_meta(&model, "optc.step", num);
-  tf_set_meta(&opt, "optc.step", num);
-  tf_set_meta(&opt, "optc.optimizer", t->r->component);
-  snprintf(path, sizeof path, "%s/model-00001-of-00001.safetensors", dir);
+  const char *meta[] = {"optc.step", num, "optc.optimizer", t->r->component};
+  snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
   if (rc == 0)
-    rc = st_write(path, &model);
-  snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-  if (rc == 0)
-    rc = st_write(path, &opt);
+    rc = st_write_views(path, views, n, meta, 2);
   if (rc == 0) {
     json_t *state = json_pack("{s:I, s:I, s:I, s:I, s:I}", "step", (json_int_t)t->step, "epoch",
                               (json_int_t)dataloader_epoch(t->train), "batch", (json_int_t)dataloader_batch_index(t->train),
                               "world_size", (json_int_t)t->world, "seed", (json_int_t)t->r->seed);
     char *text = json_dumps(state, JSON_INDENT(2));
-    snprintf(path, sizeof path, "%s/recipe_state.json", dir);
+    snprintf(path, sizeof path, "%s/recipe_state.json", tmp);
     rc = file_write_atomic(path, text, strlen(text));
     free(text);
     json_decref(state);
   }
+  if (rc == 0)
+    rc = ckpt_commit_dir(tmp, dir);
   if (rc == 0) {
     snprintf(path, sizeof path, "%s/latest", t->ckpt_dir);
     char rel[64];
     snprintf(rel, sizeof rel, "step_%ld\n", t->step);
     rc = file_write_atomic(path, rel, strlen(rel));
   }
-  tf_free(&model);
-  tf_free(&opt);
-  group_free(&pg);
-  if (rc == 0)
+  if (rc == 0 && t->ck.keep_last_n > 0)
+    ckpt_prune(t->ckpt_dir, t->ck.keep_last_n);
+  if (rc != 0)
+    ckpt_remove_tree(tmp);
+  else
     fprintf(stderr, "optc: checkpoint %s\n", dir);
+out:
+  for (int b = 0; b < g->nbufs; b++)
+    coll_mem_free(t->coll, full[b]);
+  free(full);
+  free(views);
+  free(names);
   return rc;
 }
 
-/* Reads params (and, when opt is set, optimizer states) from safetensors
- * files with HF names into a whole group on every rank, then loads the
- * slices. */
-static int load_checkpoint(Trainer *t, const char *model_path, const char *opt_path) {
+/* This rank's slice [lo, hi) of each optimizer state, and the step, from
+ * DIR/optimizer.safetensors. */
+static int load_optimizer(Trainer *t, const char *dir) {
   const Graph *g = t->g;
-  TensorFile mf = {0}, of = {0};
-  if (st_read(model_path, &mf) != 0)
+  Fsdp *f = &t->f;
+  char path[4300];
+  snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+  CkptDir d;
+  if (ckpt_file_open(&d, path) != 0)
     return -1;
-  if (opt_path && st_read(opt_path, &of) != 0) {
-    tf_free(&mf);
+  int nw = t->ntensors * (g->nbufs + 1);
+  CkptWant *w = calloc((size_t)nw + 1, sizeof(CkptWant));
+  char (*names)[256] = calloc((size_t)nw + 1, 256);
+  float *steps = calloc((size_t)t->ntensors + 1, sizeof(float));
+  ASSERT(w && names && steps);
+  int n = 0;
+  for (int i = 0; i < t->ntensors; i++) {
+    const L4Tensor *lt = &t->tensors[i];
+    int64_t off = f->full.offset[i];
+    int64_t lo = MIN(MAX(f->lo - off, 0), lt->numel), hi = MAX(MIN(f->hi - off, lt->numel), lo);
+    for (int b = 0; b < g->nbufs; b++) {
+      if (!is_opt_buf(&g->bufs[b]))
+        continue;
+      Type ty = (Type)g->bufs[b].type;
+      snprintf(names[n], sizeof names[n], "%s.%s", lt->name, g->bufs[b].name);
+      /* f->bufs[b] is flat-indexed: element off + k of the group is the tensor's k */
+      w[n] = (CkptWant){names[n], lt->ndim, lt->shape, ty, (char *)f->bufs[b] + off * type_size(ty), lo, hi};
+      n++;
+    }
+    snprintf(names[n], sizeof names[n], "%s.step", lt->name);
+    w[n] = (CkptWant){names[n], 0, NULL, TY_F32, &steps[i], 0, 1};
+    n++;
+  }
+  int rc = ckpt_dir_load(&d, w, n, NULL);
+  if (rc == 0)
+    f->step = steps[0];
+  ckpt_dir_close(&d);
+  free(w);
+  free(names);
+  free(steps);
+  return rc;
+}
+
+/* The model from a checkpoint directory (files: checkpoint_files; none:
+ * the directory's index or model.safetensors), every rank reading it all
+ * straight into its full params, shard by shard; with opt, the optimizer
+ * states too. The directory stays open when it has tensors optc passes
+ * through (a multimodal checkpoint's vision tower), for save_checkpoint. */
+static int load_checkpoint(Trainer *t, const char *dir, const char *const *files, int nfiles, bool opt) {
+  Fsdp *f = &t->f;
+  CkptDir d;
+  if (ckpt_dir_open(&d, dir, files, nfiles) != 0)
+    return -1;
+  Type pt = (Type)t->g->bufs[f->pbuf].type;
+  CkptWant *w = calloc((size_t)t->ntensors + 1, sizeof(CkptWant));
+  char (*names)[256] = calloc((size_t)t->ntensors + 1, 256);
+  ASSERT(w && names);
+  for (int i = 0; i < t->ntensors; i++) {
+    const L4Tensor *lt = &t->tensors[i];
+    snprintf(names[i], sizeof names[i], "%s%s", hf_prefix(t), lt->name);
+    w[i] = (CkptWant){names[i], lt->ndim, lt->shape, pt, (char *)f->params + f->full.offset[i] * type_size(pt), 0,
+                      lt->numel};
+  }
+  const char *own = t->multimodal ? hf_prefix(t) : NULL;
+  int rc = ckpt_dir_load(&d, w, t->ntensors, own);
+  free(w);
+  free(names);
+  if (rc == 0 && own && ckpt_dir_others(&d, own, NULL) > 0) {
+    if (t->have_src)
+      ckpt_dir_close(&t->src);
+    t->src = d;
+    t->have_src = true;
+  } else {
+    ckpt_dir_close(&d);
+  }
+  if (rc == 0 && opt)
+    rc = load_optimizer(t, dir);
+  return rc;
+}
+
+/* resume_from_checkpoint: the directory `latest` names, and where the run was. */
+static int resume_checkpoint(Trainer *t) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/latest", t->ckpt_dir);
+  char *latest = file_read_quiet(path, NULL);
+  if (!latest) {
+    error("resume_from_checkpoint: no checkpoint to resume in %s (no 'latest' file)", t->ckpt_dir);
     return -1;
   }
-  ParamGroup pg;
-  int64_t *numel = malloc(sizeof(int64_t) * (size_t)t->ntensors);
-  for (int i = 0; i < t->ntensors; i++)
-    numel[i] = t->tensors[i].numel;
-  int rc = group_alloc(&pg, g, t->ntensors, numel);
-  free(numel);
-  for (int i = 0; rc == 0 && i < t->ntensors; i++) {
-    const L4Tensor *lt = &t->tensors[i];
-    for (int b = 0; rc == 0 && b < g->nbufs; b++) {
-      const Buffer *buf = &g->bufs[b];
-      if (buf->kind == BUF_GRAD || (buf->kind == BUF_STATE && !opt_path))
-        continue;
-      char name[256];
-      if (buf->kind == BUF_PARAM)
-        snprintf(name, sizeof name, "%s", lt->name);
-      else
-        snprintf(name, sizeof name, "%s.%s", lt->name, buf->name);
-      const Tensor *x = tf_find(buf->kind == BUF_PARAM ? &mf : &of, name);
-      if (!x) {
-        error("%s: no tensor '%s'", buf->kind == BUF_PARAM ? model_path : opt_path, name);
-        rc = -1;
-        break;
+  latest[strcspn(latest, "\n")] = 0;
+  char dir[4200], sp[4300];
+  snprintf(dir, sizeof dir, "%s/%s", t->ckpt_dir, latest);
+  free(latest);
+  snprintf(sp, sizeof sp, "%s/recipe_state.json", dir);
+  if (load_checkpoint(t, dir, NULL, 0, true) != 0)
+    return -1;
+  json_error_t je;
+  json_t *st = json_load_file(sp, 0, &je);
+  if (!st) {
+    error("%s:%d: %s", sp, je.line, je.text);
+    return -1;
+  }
+  t->step = (long)json_integer_value(json_object_get(st, "step"));
+  long epoch = (long)json_integer_value(json_object_get(st, "epoch"));
+  long batch = (long)json_integer_value(json_object_get(st, "batch"));
+  long was = (long)json_integer_value(json_object_get(st, "world_size"));
+  json_decref(st);
+  if (was != t->world) {
+    error("%s was saved by %ld rank%s; resume it with --nproc %ld", dir, was, was == 1 ? "" : "s", was);
+    return -1;
+  }
+  dataloader_seek(t->train, (int)epoch, (int)batch);
+  if (t->rank == 0)
+    fprintf(stderr, "optc: resuming %s at step %ld\n", dir, t->step);
+  return 0;
+}
+
+static const char *expand_cb(void *ctx, const char *s) { return expand(ctx, s); }
+
+/* The checkpointer block, and the model's dims: checkpoint_dir/config.json's
+ * when there is one (the recipe's model block must agree with it on every
+ * dim it gives), else the recipe's. */
+static int setup_checkpointer(Trainer *t) {
+  Recipe *r = t->r;
+  if (ckpt_config(r, expand_cb, t, t->output_dir, &t->ck) != 0)
+    return -1;
+  t->ckpt_dir = t->ck.output_dir;
+  t->resume |= t->ck.resume;
+  if (t->ck.checkpoint_dir) {
+    const char *p = arena_printf(r->arena, "%s/config.json", t->ck.checkpoint_dir);
+    if (access(p, F_OK) == 0)
+      t->hf_config = p;
+  }
+  if (t->hf_config) {
+    /* torchtune: the output must not be checkpoint_dir or inside it, since
+     * checkpoint_dir's files are copied into every output */
+    mkdir_p(t->ckpt_dir);
+    char a[PATH_MAX], b[PATH_MAX];
+    if (realpath(t->ck.checkpoint_dir, a) && realpath(t->ckpt_dir, b)) {
+      size_t n = strlen(a);
+      if (strncmp(a, b, n) == 0 && (b[n] == 0 || b[n] == '/' || strcmp(a, "/") == 0)) {
+        error_at(t->ck.pos, "checkpointer.output_dir %s is checkpoint_dir %s or inside it; torchtune refuses that, "
+                            "since checkpoint_dir's files are copied into each checkpoint",
+                 t->ckpt_dir, t->ck.checkpoint_dir);
+        return -1;
       }
-      if (x->numel != lt->numel || x->dtype != buf->type) {
-        error("%s: '%s' is %s with %lld elements; the recipe needs %s with %lld", buf->kind == BUF_PARAM ? model_path : opt_path,
-              name, st_dtype_name(x->dtype), (long long)x->numel, type_names[buf->type], (long long)lt->numel);
-        rc = -1;
-        break;
-      }
-      size_t es = (size_t)type_size(buf->type);
-      memcpy((char *)pg.bufs[b] + (size_t)pg.layout.offset[i] * es, x->data, (size_t)x->numel * es);
     }
   }
-  if (rc == 0 && opt_path) {
-    char sname[256];
-    snprintf(sname, sizeof sname, "%s.step", t->tensors[0].name);
-    const Tensor *st = tf_find(&of, sname);
-    pg.step = st && st->dtype == TY_F32 ? *(const float *)st->data : 0;
-  }
-  if (rc == 0)
-    rc = fsdp_load(&t->f, &pg, false);
-  group_free(&pg);
-  tf_free(&mf);
-  tf_free(&of);
-  return rc;
+  return ckpt_model_config(r, t->hf_config, &t->cfg, &t->multimodal);
 }
 
 /* ---- the views the model reads and writes ------------------------------------------------ */
@@ -383,10 +525,7 @@ static int setup(Trainer *t) {
     error("%s: the recipe has no model section", r->path);
     return -1;
   }
-  t->cfg = inventory_l4_config(&r->model);
   t->output_dir = str_at(t, root, "output_dir", "output_dir", "/tmp/optc");
-  const YamlNode *ck = yaml_get(root, "checkpointer");
-  t->ckpt_dir = ck ? str_at(t, ck, "output_dir", "checkpointer.output_dir", t->output_dir) : t->output_dir;
   const YamlNode *ml = yaml_get(root, "metric_logger");
   t->log_dir = ml ? str_at(t, ml, "log_dir", "metric_logger.log_dir", NULL) : NULL;
   if (!t->log_dir)
@@ -405,12 +544,8 @@ static int setup(Trainer *t) {
     t->eval_every = l;
   t->compiled = r->compile.optimizer_step;
   t->max_steps = r->max_steps;
-  if (ck) {
-    const YamlNode *files = yaml_get(ck, "checkpoint_files");
-    const char *cdir = str_at(t, ck, "checkpoint_dir", "checkpointer.checkpoint_dir", NULL);
-    if (files && files->kind == YAML_SEQ && files->n > 0 && files->items[0]->kind == YAML_SCALAR && cdir)
-      t->init_checkpoint = arena_printf(r->arena, "%s/%s", cdir, expand(t, files->items[0]->str));
-  }
+  if (!t->output_dir || setup_checkpointer(t) != 0)
+    return -1;
 
   /* the step graph: compiled, or the front end's graph run eagerly */
   t->g = frontend_build(r);
@@ -495,42 +630,10 @@ static int setup(Trainer *t) {
   /* the weights: a checkpoint to resume, the recipe's checkpoint files, or
    * a seeded initialisation (every rank the same) */
   if (t->resume) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/latest", t->ckpt_dir);
-    char *latest = file_read_quiet(path, NULL);
-    if (!latest) {
-      error("resume_from_checkpoint: no checkpoint to resume in %s (no 'latest' file)", t->ckpt_dir);
+    if (resume_checkpoint(t) != 0)
       return -1;
-    }
-    latest[strcspn(latest, "\n")] = 0;
-    char dir[4200], mp[4300], op[4300], sp[4300];
-    snprintf(dir, sizeof dir, "%s/%s", t->ckpt_dir, latest);
-    free(latest);
-    snprintf(mp, sizeof mp, "%s/model-00001-of-00001.safetensors", dir);
-    snprintf(op, sizeof op, "%s/optimizer.safetensors", dir);
-    snprintf(sp, sizeof sp, "%s/recipe_state.json", dir);
-    if (load_checkpoint(t, mp, op) != 0)
-      return -1;
-    json_error_t je;
-    json_t *st = json_load_file(sp, 0, &je);
-    if (!st) {
-      error("%s:%d: %s", sp, je.line, je.text);
-      return -1;
-    }
-    t->step = (long)json_integer_value(json_object_get(st, "step"));
-    long epoch = (long)json_integer_value(json_object_get(st, "epoch"));
-    long batch = (long)json_integer_value(json_object_get(st, "batch"));
-    long was = (long)json_integer_value(json_object_get(st, "world_size"));
-    json_decref(st);
-    if (was != t->world) {
-      error("%s was saved by %ld rank%s; resume it with --nproc %ld", dir, was, was == 1 ? "" : "s", was);
-      return -1;
-    }
-    dataloader_seek(t->train, (int)epoch, (int)batch);
-    if (t->rank == 0)
-      fprintf(stderr, "optc: resuming %s at step %ld\n", dir, t->step);
-  } else if (t->init_checkpoint && access(t->init_checkpoint, R_OK) == 0) {
-    if (load_checkpoint(t, t->init_checkpoint, NULL) != 0)
+  } else if (t->ck.nfiles > 0) {
+    if (load_checkpoint(t, t->ck.checkpoint_dir, t->ck.files, t->ck.nfiles, false) != 0)
       return -1;
   } else {
     float **full = calloc((size_t)t->ntensors, sizeof(float *));
@@ -734,6 +837,8 @@ out:
     dataloader_free(t.heldout);
   if (t.data)
     dataset_free(t.data);
+  if (t.have_src)
+    ckpt_dir_close(&t.src);
   if (t.f.g)
     fsdp_free(&t.f);
   executor_free(&t.ex);

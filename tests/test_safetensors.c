@@ -262,6 +262,66 @@ static void test_round_trip(void) {
   CHECK(tf.n == 0 && tf.tensors == NULL && tf.nmeta == 0);
 }
 
+/* st_open reads the header only; st_read_at reads any byte range of a
+ * tensor; st_write_views writes tensors it does not own, from memory or
+ * copied from an open file, and gives the bytes st_write gives. */
+static void test_open_views(void) {
+  TensorFile tf = {0};
+  build_sample(&tf);
+  Path a_path = in_dir("v.safetensors");
+  const char *a = a_path.s;
+  CHECK(st_write(a, &tf) == 0);
+  StFile f;
+  if (!CHECK(st_open(a, &f) == 0))
+    return;
+  CHECK(f.n == tf.n && f.meta.nmeta == tf.nmeta && strcmp(tf_get_meta(&f.meta, "step"), "42") == 0);
+  /* entries in data order, which is tf's order as written */
+  int64_t at = -1;
+  bool ordered = true, found = true;
+  for (int i = 0; i < f.n; i++) {
+    ordered &= f.entries[i].begin >= at;
+    at = f.entries[i].begin;
+    int k = st_find(&f, tf.tensors[i].name);
+    found &= k >= 0 && f.entries[k].numel == tf.tensors[i].numel && f.entries[k].dtype == tf.tensors[i].dtype;
+  }
+  CHECK(ordered && found && st_find(&f, "absent") == -1);
+  int w = st_find(&f, "model.layers.0.w");
+  unsigned char part[8];
+  CHECK(w >= 0 && st_read_at(&f, w, 4, 8, part) == 0 &&
+        memcmp(part, (char *)tf_find(&tf, "model.layers.0.w")->data + 4, 8) == 0);
+  /* views: every tensor but the first from memory, the first copied from f */
+  StView v[16];
+  for (int i = 0; i < tf.n; i++) {
+    const Tensor *t = &tf.tensors[i];
+    v[i] = (StView){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
+    memcpy(v[i].shape, t->shape, sizeof t->shape);
+  }
+  v[0].data = NULL;
+  v[0].src = &f;
+  v[0].src_index = st_find(&f, v[0].name);
+  const char *meta[6];
+  for (int i = 0; i < tf.nmeta; i++) {
+    meta[2 * i] = tf.meta_keys[i];
+    meta[2 * i + 1] = tf.meta_vals[i];
+  }
+  Path b_path = in_dir("w.safetensors");
+  CHECK(st_write_views(b_path.s, v, tf.n, meta, tf.nmeta) == 0);
+  CHECK(same_file(a, b_path.s) && count_tmp_files() == 0);
+  /* a file that shrank after st_open: the read names the file and the tensor */
+  if (truncate(a, 40) != 0)
+    die("truncate");
+  capture_begin();
+  int rc = st_read_at(&f, w, 0, 24, part);
+  const char *msg = capture_end();
+  CHECK(rc == -1 && one_error_line(msg) && strstr(msg, "'model.layers.0.w'") && strstr(msg, "v.safetensors"));
+  st_close(&f);
+  CHECK(f.n == 0 && f.entries == NULL && f.f == NULL);
+  printf("ok  st_open + st_read_at: header only, any byte range; st_write_views from memory and from an open "
+         "file gives st_write's bytes; a file cut after st_open: %s",
+         msg);
+  tf_free(&tf);
+}
+
 static void test_empty_file(void) {
   TensorFile tf = {0}, back = {0};
   Path p_path = in_dir("empty.safetensors");
@@ -606,6 +666,7 @@ int main(void) {
   if (!mkdtemp(dir))
     die("mkdtemp");
   test_round_trip();
+  test_open_views();
   test_empty_file();
   test_api_errors();
   test_foreign_layout();

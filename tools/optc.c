@@ -1,11 +1,13 @@
 /* optc.c: the command line. */
 #include "../runtime/coll.h"
+#include "../runtime/data.h"
 #include "../runtime/rt.h"
 #include "frontend.h"
 #include "optc.h"
 #include "passes.h"
 #include "plan.h"
 
+#include <errno.h>
 #include <math.h>
 #include <string.h>
 
@@ -29,6 +31,8 @@ static const char usage_main[] =
     "                memory bandwidth; step: a training step, compiled and eager\n"
     "  plan          per-rank memory, traffic and step time of a recipe (optc plan --help)\n"
     "  run           a finetune: optc run [--nproc N] full_finetune_distributed --config CONFIG\n"
+    "  tokenize      encode (or --decode) lines with a recipe's tokenizer, as torchtune's encode\n"
+    "  data          a recipe's dataset as torchtune builds it (--dump N: its first samples)\n"
     "  cat           a config as optc reads it (overrides, ~KEY, ${key} resolved)\n"
     "  ls            the bundled configs (--config llama4/scout_17B_16E_full names one)\n"
     "\n"
@@ -871,6 +875,241 @@ static int cmd_ls(void) {
   return 0;
 }
 
+/* ---- optc tokenize, optc data ------------------------------------------------------------- */
+
+static const char usage_tokenize[] =
+    "usage: optc tokenize --config CONFIG [FILE] [--decode] [KEY=VALUE ...]\n"
+    "\n"
+    "Encodes each line of FILE (or stdin) with the recipe's tokenizer as\n"
+    "torchtune's encode(line, add_bos=True, add_eos=True) does and prints its ids,\n"
+    "space-separated, one output line per input line (a line is the text before\n"
+    "its newline; an empty line has no ids with the Llama 4 tokenizer, as in\n"
+    "torchtune). With --decode each input line holds ids, and is printed as\n"
+    "decode(ids) with torchtune's defaults (truncate_at_eos, skip_special_tokens).\n"
+    "\n"
+    "options:\n"
+    "  --config FILE    the recipe, for its tokenizer: block\n"
+    "  --decode         ids to text\n"
+    "  KEY=VALUE        override a recipe key (tokenizer.path=/tmp/tokenizer.model)\n"
+    "  -h, --help       this text\n";
+
+static const char usage_data[] =
+    "usage: optc data --config CONFIG [--dump N] [KEY=VALUE ...]\n"
+    "\n"
+    "Builds the recipe's dataset: block with its tokenizer: block, as torchtune's\n"
+    "dataset would be built (samples cut at tokenizer.max_seq_len, not at the\n"
+    "model's), and prints a summary; with --dump N, the first N samples (or packs)\n"
+    "as JSON lines, exactly as torchtune's dataset yields them before batching:\n"
+    "{\"tokens\": [...], \"labels\": [...]} with labels already shifted and -100 where\n"
+    "masked, and for packs \"input_pos\" and \"seq_lens\" too. With optc's\n"
+    "holdout_fraction the held-out samples come last.\n"
+    "\n"
+    "options:\n"
+    "  --config FILE    the recipe\n"
+    "  --dump N         print N samples\n"
+    "  KEY=VALUE        override a recipe key (dataset.split=train[:10])\n"
+    "  -h, --help       this text\n";
+
+/* The recipe's tokenizer, for tokenize and data. */
+static bool load_tokenizer(const char *config, const char *const *ov, int nov, Arena *arena, Recipe **rp,
+                           Tokenizer *tok) {
+  Recipe *r = recipe_load(config, ov, nov, arena);
+  if (!r)
+    return false;
+  const YamlNode *tn = yaml_get(r->root, "tokenizer");
+  if (!tn) {
+    error("%s: the recipe has no tokenizer: block", config);
+    return false;
+  }
+  *rp = r;
+  return tokenizer_from_config(tn, tok);
+}
+
+/* The arguments tokenize and data share: --config, KEY=VALUE; *flag is set
+ * by its name, *num read after --dump. 0 to go on, else the exit code. */
+static int data_args(int argc, char **argv, const char *usage, const char **config, const char **file,
+                     bool *decode, long *dump, const char **ov, int *nov) {
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      fputs(usage, stdout);
+      return -1;
+    } else if (!strcmp(a, "--config") && i + 1 < argc) {
+      *config = argv[++i];
+    } else if (!strncmp(a, "--config=", 9)) {
+      *config = a + 9;
+    } else if (decode && !strcmp(a, "--decode")) {
+      *decode = true;
+    } else if (dump && !strcmp(a, "--dump") && i + 1 < argc) {
+      char *end;
+      *dump = strtol(argv[++i], &end, 10);
+      if (*end || *dump < 0) {
+        error("--dump needs a count of samples (0 or more)");
+        return 2;
+      }
+    } else if (a[0] == '-' && a[1]) {
+      error("unknown option '%s' (see %s)", a, decode ? "optc tokenize --help" : "optc data --help");
+      return 2;
+    } else if (a[0] == '~' || strchr(a, '=')) { /* KEY=VALUE, or ~KEY */
+      ov[(*nov)++] = a;
+    } else if (file && !*file) {
+      *file = a;
+    } else {
+      error("unexpected argument '%s'", a);
+      return 2;
+    }
+  }
+  if (!*config) {
+    error("%s needs --config CONFIG", decode ? "optc tokenize" : "optc data");
+    return 2;
+  }
+  return 0;
+}
+
+static int cmd_tokenize(int argc, char **argv) {
+  const char *config = NULL, *file = NULL;
+  bool decode = false;
+  const char **ov = calloc((size_t)argc + 1, sizeof(char *));
+  int nov = 0;
+  int rc = data_args(argc, argv, usage_tokenize, &config, &file, &decode, NULL, ov, &nov);
+  if (rc) {
+    free(ov);
+    return rc < 0 ? 0 : rc;
+  }
+  Arena *arena = arena_new();
+  Recipe *r = NULL;
+  Tokenizer tok = {0};
+  rc = 1;
+  Buf in = {0}, out = {0};
+  Ids ids = {0};
+  if (!load_tokenizer(config, ov, nov, arena, &r, &tok))
+    goto done;
+  FILE *f = file ? fopen(file, "rb") : stdin;
+  if (!f) {
+    error("cannot open '%s': %s", file, strerror(errno));
+    goto done;
+  }
+  char chunk[1 << 16];
+  size_t got;
+  while ((got = fread(chunk, 1, sizeof chunk, f)) > 0)
+    buf_put(&in, chunk, got);
+  bool rerr = ferror(f);
+  if (file)
+    fclose(f);
+  if (rerr) {
+    error("reading %s: %s", file ? file : "stdin", strerror(errno));
+    goto done;
+  }
+  SrcFile src = {file ? file : "<stdin>", in.data, in.len};
+  bool ok = true;
+  size_t i = 0;
+  for (int line = 1; i < in.len && ok; line++) {
+    size_t s = i;
+    while (i < in.len && in.data[i] != '\n')
+      i++;
+    size_t e = i++;
+    out.len = 0;
+    ids.n = 0;
+    if (!decode) {
+      ok = tokenizer_encode(&tok, in.data + s, e - s, true, true, &ids) >= 0;
+      for (int k = 0; ok && k < ids.n; k++)
+        buf_printf(&out, "%s%d", k ? " " : "", ids.v[k]);
+    } else {
+      for (size_t k = s; k < e && ok;) {
+        while (k < e && (in.data[k] == ' ' || in.data[k] == '\t' || in.data[k] == '\r'))
+          k++;
+        if (k == e)
+          break;
+        char *end;
+        errno = 0;
+        long v = strtol(in.data + k, &end, 10);
+        if (end == in.data + k || (size_t)(end - in.data) > e || errno || v < INT32_MIN || v > INT32_MAX ||
+            (end < in.data + e && *end != ' ' && *end != '\t' && *end != '\r')) {
+          error_at((SrcPos){&src, line, (int)(k - s) + 1}, "expected a token id");
+          ok = false;
+          break;
+        }
+        ids_push(&ids, (int32_t)v);
+        k = (size_t)(end - in.data);
+      }
+      ok = ok && tokenizer_decode(&tok, ids.v, ids.n, true, true, &out) == 0;
+    }
+    if (!ok) {
+      note_at((SrcPos){&src, line, 1}, "in line %d", line);
+      break;
+    }
+    buf_putc(&out, '\n');
+    if (fwrite(out.data, 1, out.len, stdout) != out.len) {
+      error("writing the output: %s", strerror(errno));
+      ok = false;
+    }
+  }
+  if (ok && fflush(stdout) != 0) {
+    error("writing the output: %s", strerror(errno));
+    ok = false;
+  }
+  rc = ok ? 0 : 1;
+done:
+  tokenizer_free(&tok);
+  ids_free(&ids);
+  buf_free(&in);
+  buf_free(&out);
+  arena_free(arena);
+  free(ov);
+  return rc;
+}
+
+static int cmd_data(int argc, char **argv) {
+  const char *config = NULL;
+  long dump = -1;
+  const char **ov = calloc((size_t)argc + 1, sizeof(char *));
+  int nov = 0;
+  int rc = data_args(argc, argv, usage_data, &config, NULL, NULL, &dump, ov, &nov);
+  if (rc) {
+    free(ov);
+    return rc < 0 ? 0 : rc;
+  }
+  Arena *arena = arena_new();
+  Recipe *r = NULL;
+  Tokenizer tok = {0};
+  Dataset *ds = NULL;
+  rc = 1;
+  if (!load_tokenizer(config, ov, nov, arena, &r, &tok))
+    goto done;
+  /* torchtune's dataset knows only the tokenizer's max_seq_len (None: no cut) */
+  ds = dataset_from_config(yaml_get(r->root, "dataset"), &tok, tok.max_seq_len ? tok.max_seq_len : 1 << 30);
+  if (!ds)
+    goto done;
+  Buf out = {0};
+  if (dump < 0) {
+    dataset_describe(ds, &out);
+    buf_putc(&out, '\n');
+  }
+  int n = dataset_num_samples(ds, SPLIT_ALL);
+  bool ok = true;
+  for (int i = 0; i < n && i < dump && ok; i++) {
+    dataset_dump_row(ds, SPLIT_ALL, i, &out);
+    if (out.len > (1 << 20) || i + 1 == n || i + 1 == dump) {
+      ok = fwrite(out.data, 1, out.len, stdout) == out.len;
+      out.len = 0;
+    }
+  }
+  if (out.len)
+    ok = ok && fwrite(out.data, 1, out.len, stdout) == out.len;
+  buf_free(&out);
+  if (!ok || fflush(stdout) != 0) {
+    error("writing the output: %s", strerror(errno));
+    goto done;
+  }
+  rc = 0;
+done:
+  dataset_free(ds);
+  tokenizer_free(&tok);
+  arena_free(arena);
+  free(ov);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fputs(usage_main, stderr);
@@ -893,6 +1132,10 @@ int main(int argc, char **argv) {
     return cmd_plan(argc - 2, argv + 2);
   if (!strcmp(cmd, "run"))
     return cmd_run(argc - 2, argv + 2);
+  if (!strcmp(cmd, "tokenize"))
+    return cmd_tokenize(argc - 2, argv + 2);
+  if (!strcmp(cmd, "data"))
+    return cmd_data(argc - 2, argv + 2);
   if (!strcmp(cmd, "cat"))
     return cmd_cat(argc - 2, argv + 2);
   if (!strcmp(cmd, "ls"))
