@@ -36,15 +36,17 @@ ninja -C build
 
 # .venv/: torch from PyPI (several GB, installed once) and what the tests
 # that run torch beside optc need. The C suite never needs it.
-VENV_PKGS=("torch==2.15.*" numpy safetensors pytest)
+VENV_PKGS=("torch==2.15.*" numpy safetensors pytest meson-python meson ninja)
 venv() {
-  if [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch, numpy, safetensors, pytest' 2>/dev/null; then
-    return
+  if ! { [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch, numpy, safetensors, pytest, mesonpy' 2>/dev/null; }; then
+    echo "setup.sh: making .venv/ with ${VENV_PKGS[*]}"
+    python3 -m venv .venv
+    .venv/bin/pip install -q --upgrade pip
+    .venv/bin/pip install -q "${VENV_PKGS[@]}"
   fi
-  echo "setup.sh: making .venv/ with ${VENV_PKGS[*]}"
-  python3 -m venv .venv
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q "${VENV_PKGS[@]}"
+  # optc itself, as a user installs it (pip install .), rebuilt in
+  # build-pip/ only where the sources changed
+  .venv/bin/pip install -q --no-build-isolation -Cbuild-dir=build-pip .
 }
 
 case "${1:-}" in

@@ -1,0 +1,303 @@
+"""python -m optc.bench: optc's AdamW step against torch's, in one process,
+on the same tensors.
+
+The workload is Llama 4 Scout's tensor mix (torchtune's layout, 627
+tensors, as `optc bench optimizer` takes it from runtime/inventory.c),
+scaled so that params, grads and AdamW's two states fill --gib GiB (default
+1: no cache holds it). Params ~ U(-1, 1), grads ~ U(-0.01, 0.01).
+
+Four cases: fp32 and bf16 (params, grads and states), each plain and with
+torchtune's scale_grads_ (grads *= world_size / num_tokens) and
+clip_grad_norm_(max_norm=1.0) in front of the step. Competitors:
+
+  torch for-loop     torch.optim.AdamW(foreach=False)   (the CPU default)
+  torch foreach      foreach=True
+  torch fused        fused=True
+  torch.compile      torch.compile(opt.step), as torchtune's
+                     compile.optimizer_step does it (its compile on a line
+                     of its own)
+  optc               optc.torch.AdamW(...).fused_step(grad_scale, max_norm)
+
+torch's scale and clip run eagerly around its step, as in torchtune's
+recipe; optc's run inside its step. Each is timed for --reps steps after
+--warmup steps; the median is reported with the fastest and slowest. GB/s
+counts the traffic model's bytes (optc_step_bytes_per_element of optc's
+program, times the elements) for every competitor: the same useful work.
+The ceiling is an in-place update a += s*b (torch, f64, 24 B/element,
+best of --reps) over as many bytes as the step's buffers, measured in the
+same run. optc's first step (its states' allocation, its compile with the
+disk cache off, and the step) is reported too.
+"""
+import argparse
+import functools
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+
+# ---- Scout's tensor mix (runtime/inventory.c, torchtune's layout) -------------------------------
+
+SCOUT = dict(vocab_size=202048, num_layers=48, num_heads=40, num_kv_heads=8, embed_dim=5120, head_dim=128,
+             hidden_dim=8192, shared_hidden_dim=8192, num_experts=16, use_shared_expert=True)
+
+
+def scout_tensors(m=SCOUT):
+    """(name, shape) of every parameter in torchtune's layout, in order."""
+    D, V, E, H, Hs = m["embed_dim"], m["vocab_size"], m["num_experts"], m["hidden_dim"], m["shared_hidden_dim"]
+    q, kv = m["num_heads"] * m["head_dim"], m["num_kv_heads"] * m["head_dim"]
+    out = [("tok_embeddings.weight", (V, D))]
+    for layer in range(m["num_layers"]):
+        parts = [("sa_norm.scale", (D,)), ("attn.q_proj.weight", (q, D)), ("attn.k_proj.weight", (kv, D)),
+                 ("attn.v_proj.weight", (kv, D)), ("attn.output_proj.weight", (D, q)), ("mlp_norm.scale", (D,)),
+                 ("mlp.router.gate.weight", (E, D)), ("mlp.experts.gate_proj", (E, D, H)),
+                 ("mlp.experts.down_proj", (E, H, D)), ("mlp.experts.up_proj", (E, D, H)),
+                 ("mlp.shared_expert.w1.weight", (Hs, D)), ("mlp.shared_expert.w2.weight", (D, Hs)),
+                 ("mlp.shared_expert.w3.weight", (Hs, D))]
+        for part, shape in parts:
+            if not m["use_shared_expert"] and "shared_expert" in part:
+                continue
+            out.append((f"layers.{layer}.{part}", shape))
+    out.append(("norm.scale", (D,)))
+    out.append(("output.weight", (V, D)))
+    return out
+
+
+def scaled_mix(n):
+    """The mix's sizes scaled to about n elements in all, each at least 1
+    (bench.c's scaled_mix: llround of numel * n / total)."""
+    numels = [math.prod(s) for _, s in scout_tensors()]
+    total = float(sum(numels))
+    return [max(1, int(math.floor(k * n / total + 0.5))) for k in numels]
+
+
+# ---- timing -------------------------------------------------------------------------------------
+
+def timed(fn, reps, warmup, before=None):
+    """Median, fastest and slowest of reps calls (ms), after warmup calls;
+    before() runs untimed ahead of each call."""
+    times = []
+    for i in range(warmup + reps):
+        if before:
+            before()
+        t0 = time.perf_counter()
+        fn()
+        t = (time.perf_counter() - t0) * 1e3
+        if i >= warmup:
+            times.append(t)
+    return dict(ms=statistics.median(times), ms_min=min(times), ms_max=max(times), reps=reps)
+
+
+def ceiling(torch, nbytes, reps):
+    """In-place a += s*b in f64 over nbytes of a and b: GB/s (24 B/element),
+    best of reps, as STREAM reports."""
+    n = max(1, nbytes // 16)
+    a = torch.empty(n, dtype=torch.float64).uniform_()
+    b = torch.empty(n, dtype=torch.float64).uniform_()
+    best = math.inf
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        a.add_(b, alpha=1e-9)
+        best = min(best, time.perf_counter() - t0)
+    del a, b
+    return 24 * n / best / 1e9
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+COMPETITORS = ["for-loop", "foreach", "fused", "compile", "optc"]
+LABELS = {"for-loop": "torch for-loop", "foreach": "torch foreach", "fused": "torch fused=True",
+          "compile": "torch.compile(step)", "optc": "optc fused_step"}
+
+
+def bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out):
+    """One dtype's two cases (plain, and with scale_grads and clip) over
+    every competitor, on one set of tensors: printed, and appended to
+    out["cases"]."""
+    world_size, num_tokens, max_norm = 1, torch.tensor(4096), 1.0
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dname]
+    esize = torch.empty(0, dtype=dt).element_size()
+    n = int(args.gib * (1 << 30)) // (4 * esize) + 1  # p, g, exp_avg, exp_avg_sq
+    sizes = scaled_mix(n)
+    total = sum(sizes)
+    gen = torch.Generator().manual_seed(12345)
+    params = [torch.empty(k, dtype=torch.float32).uniform_(-1, 1, generator=gen).to(dt) for k in sizes]
+    grads = [torch.empty(k, dtype=torch.float32).uniform_(-0.01, 0.01, generator=gen).to(dt) for k in sizes]
+    saved = [g.clone() for g in grads]
+    params = [torch.nn.Parameter(p) for p in params]
+    for p, g in zip(params, grads):
+        p.grad = g
+    buf_bytes = total * 4 * esize
+    print(f"\n{dname}: {total:,} elements in {len(sizes)} tensors, {buf_bytes / (1 << 30):.2f} GiB of params, "
+          f"grads and states")
+    ceil = ceiling(torch, buf_bytes, args.reps)
+    print(f"  in-place ceiling (a += s*b, f64, best of {args.reps}): {ceil:.1f} GB/s")
+
+    def restore():
+        torch._foreach_copy_(grads, saved)
+
+    def scale_and_clip():
+        # torchtune's recipe: scale_grads_(model, world_size / num_tokens), then clip_grad_norm_
+        torch._foreach_mul_(grads, world_size / num_tokens)
+        torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+
+    results = {False: {}, True: {}}
+    first = {}
+    bpe = {}
+    for comp in comps:
+        gc.collect()
+        if comp == "optc":
+            t0 = time.perf_counter()
+            built0 = capi.step_new_seconds
+            opt = otorch.AdamW(params, **hyper)
+            with torch.no_grad():
+                opt.fused_step()
+            first[False] = dict(ms=(time.perf_counter() - t0) * 1e3,
+                                compile_ms=(capi.step_new_seconds - built0) * 1e3)
+            restore()
+            built0 = capi.step_new_seconds
+            t0 = time.perf_counter()
+            opt.fused_step(grad_scale=world_size / num_tokens, max_norm=max_norm)
+            first[True] = dict(ms=(time.perf_counter() - t0) * 1e3,
+                               compile_ms=(capi.step_new_seconds - built0) * 1e3)
+            for clip in (False, True):
+                k = next(k for k in opt._optc_programs if k[1] == (capi.OPTC_CLIP_NORM if clip else
+                                                                    capi.OPTC_CLIP_NONE))
+                bpe[clip] = opt._optc_programs[k].bytes_per_element
+            results[False][comp] = timed(opt.fused_step, args.reps, args.warmup, restore)
+            results[True][comp] = timed(
+                functools.partial(opt.fused_step, grad_scale=world_size / num_tokens, max_norm=max_norm),
+                args.reps, args.warmup, restore)
+            del opt
+            continue
+        # torchtune's config says fused: False and leaves foreach to torch (the for-loop on the CPU)
+        kw = {"for-loop": dict(foreach=False), "foreach": dict(foreach=True), "fused": dict(fused=True),
+              "compile": dict(fused=False)}[comp]
+        opt = torch.optim.AdamW(params, **hyper, **kw)
+        step = opt.step
+        if comp == "compile":
+            print("  torch.compile(opt.step): compiling (minutes for 627 tensors on a few cores; --no-compile "
+                  "leaves it out)")
+            step = torch.compile(opt.step)
+            t0 = time.perf_counter()
+            step()
+            out["compile_s"][dname] = time.perf_counter() - t0
+            print(f"  torch.compile(opt.step): first call (its compile) {out['compile_s'][dname]:.1f} s")
+            restore()
+
+        def with_clip(step=step):
+            with torch.no_grad():
+                scale_and_clip()
+            step()
+
+        results[False][comp] = timed(step, args.reps, args.warmup, restore)
+        results[True][comp] = timed(with_clip, args.reps, args.warmup, restore)
+        del opt, step
+        if comp == "compile":
+            torch._dynamo.reset()
+
+    for clip in (False, True):
+        name = dname + (" + scale_grads + clip_grad_norm" if clip else "")
+        res = results[clip]
+        mine = res["optc"]["ms"]
+        print(f"\n  {name}: traffic model {bpe[clip]} B/element "
+              f"({'two passes' if clip else 'one pass'}), {bpe[clip] * total / 1e9:.2f} GB a step")
+        print(f"  {'':22s} {'ms/step':>9s} {'min':>8s} {'max':>8s} {'GB/s':>7s} {'% ceiling':>9s} "
+              f"{'optc speed-up':>13s}")
+        case = dict(dtype=dname, scale_clip=clip, elements=total, tensors=len(sizes), buffer_bytes=buf_bytes,
+                    bytes_per_element=bpe[clip], ceiling_gbs=ceil, results={},
+                    optc_first_step_ms=first[clip]["ms"], optc_compile_ms=first[clip]["compile_ms"])
+        for comp in comps:
+            r = res[comp]
+            gbs = bpe[clip] * total / (r["ms"] * 1e-3) / 1e9
+            speed = r["ms"] / mine
+            case["results"][comp] = dict(r, gbs=gbs, pct_ceiling=100 * gbs / ceil,
+                                         optc_speedup=None if comp == "optc" else speed)
+            sp = "" if comp == "optc" else f"{speed:.1f}x"
+            print(f"  {LABELS[comp]:22s} {r['ms']:9.1f} {r['ms_min']:8.1f} {r['ms_max']:8.1f} {gbs:7.1f} "
+                  f"{100 * gbs / ceil:8.0f}% {sp:>13s}")
+        print(f"  optc's first step: {first[clip]['ms']:.1f} ms"
+              f"{' (allocating the states)' if not clip else ''}, of which compiling "
+              f"{first[clip]['compile_ms']:.1f} ms{' (disk cache off)' if not args.warm_cache else ''}")
+        out["cases"].append(case)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m optc.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gib", type=float, default=1.0, help="GiB of params, grads and states (default 1)")
+    ap.add_argument("--reps", type=int, default=5, help="timed steps per competitor (default 5)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    ap.add_argument("--dtypes", default="fp32,bf16", help="fp32,bf16 (default both)")
+    ap.add_argument("--competitors", default=",".join(COMPETITORS),
+                    help="a comma list of " + ", ".join(COMPETITORS) + " (default all)")
+    ap.add_argument("--no-compile", action="store_true", help="leave out torch.compile (its compile is slow)")
+    ap.add_argument("--threads", type=int, default=None, help="torch's (and optc's) threads (default torch's)")
+    ap.add_argument("--warm-cache", action="store_true",
+                    help="let optc's first step use its disk cache (default: first step compiles cold)")
+    ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    args = ap.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows as it runs, also into a file
+    comps = [c for c in args.competitors.split(",") if c]
+    for c in comps:
+        if c not in COMPETITORS:
+            ap.error(f"unknown competitor {c!r}; expected {', '.join(COMPETITORS)}")
+    if args.no_compile and "compile" in comps:
+        comps.remove("compile")
+    if "optc" not in comps:
+        comps.append("optc")
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    for d in dtypes:
+        if d not in ("fp32", "bf16"):
+            ap.error(f"unknown dtype {d!r}; expected fp32 or bf16")
+    if args.reps < 1 or args.warmup < 0 or args.gib <= 0:
+        ap.error("--reps >= 1, --warmup >= 0, --gib > 0")
+    if not args.warm_cache:
+        os.environ["OPTC_CACHE"] = "0"  # read by liboptc when it compiles
+
+    import torch
+    import optc
+    import optc._capi as capi
+    import optc.torch as otorch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    machine = dict(cpu=cpu_model(), threads=threads, torch=torch.__version__, optc=optc.library_version,
+                   torch_cpu_capability=torch.backends.cpu.get_cpu_capability(), python=platform.python_version())
+    print(f"python -m optc.bench: AdamW over Llama 4 Scout's tensor mix, {args.gib:g} GiB of buffers; "
+          f"{threads} thread{'s' * (threads != 1)} on {machine['cpu']}")
+    print(f"  torch {torch.__version__} ({machine['torch_cpu_capability']}), optc {optc.library_version}")
+    out = dict(machine=machine, gib=args.gib, reps=args.reps, warmup=args.warmup, cases=[], compile_s={})
+    hyper = dict(lr=2e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+
+    for dname in dtypes:
+        bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out)
+        gc.collect()
+
+    if args.json:
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(out, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, args.json)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
