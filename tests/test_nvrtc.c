@@ -47,14 +47,25 @@ static void check_compile(const char *name, const Graph *g, const char *arch) {
   cuda_program_free(p);
 }
 
+/* Under ASan, NVRTC's own allocations (it runs in this process) make each
+ * compile about ten times slower (7-8 s), and it is not our code that is
+ * checked there: the sanitized run compiles every seventh case (7 is prime
+ * to the layouts' case counts, so the optimizer, layout, clip and
+ * stochastic rounding all vary), for sm_90 only. The plain build compiles them all. */
+#if defined(__SANITIZE_ADDRESS__)
+enum { MATRIX_STRIDE = 7, MATRIX_SM80 = 0 };
+#else
+enum { MATRIX_STRIDE = 1, MATRIX_SM80 = 1 };
+#endif
+
 static void test_matrix(void) {
   MatrixCase mc;
-  for (int i = 0; matrix_case_at(i, &mc); i++) {
+  for (int i = 0; matrix_case_at(i, &mc); i += MATRIX_STRIDE) {
     Arena *a = arena_new();
     Graph *g = build_yaml(mc.yaml, a);
     CHECK(g, "%s: the recipe builds", mc.name);
     if (g) {
-      if (!mc.sr)
+      if (!mc.sr && MATRIX_SM80)
         check_compile(mc.name, g, "sm_80");
       check_compile(mc.name, g, "sm_90");
     }
