@@ -118,6 +118,59 @@ int graph_count_uses(const Graph *g, Ref r) {
   return n;
 }
 
+/* FNV-1a */
+static uint32_t name_hash(const char *s, size_t n) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ (unsigned char)s[i]) * 16777619u;
+  return h;
+}
+
+void namemap_init(NameMap *m, Arena *a) {
+  *m = (NameMap){.arena = a, .cap = 16};
+  m->slots = arena_alloc(a, sizeof(NameSlot) * (size_t)m->cap);
+}
+
+/* The slot holding s, or the empty slot where it would go. */
+static NameSlot *namemap_slot(const NameMap *m, const char *s, size_t n, uint32_t h) {
+  for (uint32_t i = h & (uint32_t)(m->cap - 1);; i = (i + 1) & (uint32_t)(m->cap - 1)) {
+    NameSlot *e = &m->slots[i];
+    if (!e->s || (e->hash == h && e->n == n && memcmp(e->s, s, n) == 0))
+      return e;
+  }
+}
+
+int namemap_get(const NameMap *m, const char *s, size_t n) {
+  NameSlot *e = namemap_slot(m, s, n, name_hash(s, n));
+  return e->s ? e->val : -1;
+}
+
+int namemap_add(NameMap *m, const char *s, size_t n, int v) {
+  ASSERT(v >= 0 && s);
+  uint32_t h = name_hash(s, n);
+  NameSlot *e = namemap_slot(m, s, n, h);
+  if (e->s)
+    return e->val;
+  *e = (NameSlot){s, n, h, v};
+  if (++m->n * 2 > m->cap) {
+    /* rehash into twice the room; the old slots stay in the arena */
+    NameMap old = *m;
+    m->cap *= 2;
+    m->slots = arena_alloc(m->arena, sizeof(NameSlot) * (size_t)m->cap);
+    for (int i = 0; i < old.cap; i++)
+      if (old.slots[i].s)
+        *namemap_slot(m, old.slots[i].s, old.slots[i].n, old.slots[i].hash) = old.slots[i];
+  }
+  return -1;
+}
+
+void graph_value_map(const Graph *g, NameMap *m) {
+  namemap_init(m, g->arena);
+  for (int i = 0; i < g->nins; i++)
+    if (g->ins[i].name)
+      namemap_add(m, g->ins[i].name, strlen(g->ins[i].name), i);
+}
+
 Ref ir_emit(Graph *g, Op op, Type type, int nargs, const Ref *args) {
   ASSERT(nargs == op_info[op].nargs);
   arena_grow(g->arena, (void **)&g->ins, &g->capins, g->nins + 1, sizeof(Ins));

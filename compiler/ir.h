@@ -98,6 +98,10 @@ typedef struct {
 
 struct Plan;
 
+/* A step has at most this many phases (passes over memory): real optimizers
+ * have one to three, and Ins.seg holds 2k + 1 for phase k. */
+enum { IR_MAX_PHASES = 64 };
+
 typedef struct {
   Arena *arena;
   struct Plan *plan; /* set by the plan pass */
@@ -119,6 +123,35 @@ Ref graph_find_value(const Graph *g, const char *name); /* by SSA name */
 Ref graph_find_input(const Graph *g, const char *name); /* an INPUT or OPTION */
 int graph_add_buffer(Graph *g, const char *name, BufKind kind, Type type);
 int graph_count_uses(const Graph *g, Ref r);
+
+/* ---- ir.c: names to small integers ------------------------------------------
+ * An open-addressing hash table in an arena, for lookups by name that must
+ * not scan the graph (the parser's symbol tables, the printer's fresh
+ * names, a pass that asks who defines a name): every stage stays linear in
+ * the graph's size. Keys are kept by pointer and length, so the text they
+ * point to must outlive the map. */
+typedef struct {
+  const char *s; /* NULL: an empty slot */
+  size_t n;
+  uint32_t hash;
+  int32_t val;
+} NameSlot;
+
+typedef struct {
+  Arena *arena;
+  NameSlot *slots; /* (cap), cap a power of two, at most half full */
+  int n, cap;
+} NameMap;
+
+void namemap_init(NameMap *m, Arena *a);
+/* The value of name s[0..n), or -1. */
+int namemap_get(const NameMap *m, const char *s, size_t n);
+/* Adds s[0..n) -> v (v >= 0) unless s is there already. Returns the value
+ * s had, or -1 when it was added. */
+int namemap_add(NameMap *m, const char *s, size_t n, int v);
+/* Maps each value name to its first instruction: what graph_find_value
+ * finds, for every name at once. */
+void graph_value_map(const Graph *g, NameMap *m);
 
 /* Builder: each call appends one instruction and returns its ref. */
 Ref ir_emit(Graph *g, Op op, Type type, int nargs, const Ref *args);

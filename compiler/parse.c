@@ -20,8 +20,11 @@ typedef struct {
 /* A use of a value name that was not yet defined when it was read. */
 typedef struct {
   const char *name;
-  size_t off;
+  SrcPos pos;
 } Pending;
+
+/* Uses of undefined values reported one by one; the rest are counted. */
+enum { MAX_PENDING_ERRORS = 10 };
 
 typedef struct {
   const SrcFile *src;
@@ -33,9 +36,23 @@ typedef struct {
   bool failed;
   Pending *pending;
   int npending, cappending;
+  /* The symbol tables: a name lookup is a hash probe, not a scan of the
+   * graph, so that parsing stays linear in the file's size. */
+  NameMap values;  /* value name -> Ref */
+  NameMap bufs;    /* buffer name -> index into g->bufs */
+  int kind_buf[NUM_BUFKINDS]; /* the param and the grad buffer, or -1 */
+  int line;        /* the current line, 1-based */
+  size_t line_off; /* byte offset where it starts */
 } Parser;
 
-static SrcPos pos_at(Parser *ps, size_t off) { return srcpos_of(ps->src, off); }
+/* Every token lies on the current line, whose number the parser keeps, so
+ * a position costs nothing; srcpos_of (a scan from the file's start) is
+ * only the fallback. */
+static SrcPos pos_at(Parser *ps, size_t off) {
+  if (off < ps->line_off)
+    return srcpos_of(ps->src, off);
+  return (SrcPos){ps->src, ps->line, (int)(off - ps->line_off) + 1};
+}
 
 PRINTF(3, 4) static void perr(Parser *ps, size_t off, const char *fmt, ...) {
   va_list ap;
@@ -217,18 +234,16 @@ static bool parse_buffer(Parser *ps, BufKind kind, const char *lead) {
   Graph *g = ps->g;
   char *name = tok_str(ps);
   size_t name_off = ps->tok.off;
-  int prev = graph_find_buffer(g, name);
+  int prev = namemap_get(&ps->bufs, ps->tok.s, ps->tok.n);
   if (prev >= 0) {
     perr(ps, name_off, "buffer '@%s' is declared twice", name);
     note_at(g->bufs[prev].pos, "first declared here");
     return false;
   }
-  for (int i = 0; i < g->nbufs; i++) {
-    if (kind != BUF_STATE && g->bufs[i].kind == kind) {
-      perr(ps, off, "a step graph has one %s buffer; '@%s' is already it", bufkind_names[kind],
-           g->bufs[i].name);
-      return false;
-    }
+  if (kind != BUF_STATE && ps->kind_buf[kind] >= 0) {
+    perr(ps, off, "a step graph has one %s buffer; '@%s' is already it", bufkind_names[kind],
+         g->bufs[ps->kind_buf[kind]].name);
+    return false;
   }
   if (g->nins > 0) {
     perr(ps, off, "buffers must be declared before the first instruction");
@@ -247,6 +262,9 @@ static bool parse_buffer(Parser *ps, BufKind kind, const char *lead) {
   }
   int b = graph_add_buffer(g, name, kind, t);
   Buffer *buf = &g->bufs[b];
+  namemap_add(&ps->bufs, buf->name, strlen(buf->name), b);
+  if (kind != BUF_STATE)
+    ps->kind_buf[kind] = b;
   buf->pos = pos_at(ps, off);
   buf->lead = lead;
   if (tok_is(ps, "=")) {
@@ -289,12 +307,11 @@ static bool parse_operand(Parser *ps, Ref *out) {
     perr(ps, ps->tok.off, "expected a value like %%x, found %s", tok_desc(ps));
     return false;
   }
-  char *name = tok_str(ps);
-  Ref r = graph_find_value(ps->g, name);
+  Ref r = namemap_get(&ps->values, ps->tok.s, ps->tok.n);
   if (r == NOREF) {
     arena_grow(ps->g->arena, (void **)&ps->pending, &ps->cappending, ps->npending + 1, sizeof(Pending));
-    ps->pending[ps->npending++] = (Pending){name, ps->tok.off};
-    r = 0; /* a placeholder: the parse fails at the end, naming the first such use */
+    ps->pending[ps->npending++] = (Pending){tok_str(ps), pos_at(ps, ps->tok.off)};
+    r = 0; /* a placeholder: the parse fails at the end, naming the first such uses */
   }
   *out = r;
   next(ps);
@@ -340,7 +357,7 @@ static bool parse_insn(Parser *ps, const char *lead) {
       return false;
     }
     name = tok_str(ps);
-    Ref prev = graph_find_value(g, name);
+    Ref prev = namemap_get(&ps->values, ps->tok.s, ps->tok.n);
     if (prev != NOREF) {
       perr(ps, ps->tok.off, "value '%%%s' is defined twice", name);
       note_at(g->ins[prev].pos, "first defined here");
@@ -407,10 +424,9 @@ static bool parse_insn(Parser *ps, const char *lead) {
       perr(ps, ps->tok.off, "expected a buffer like @param, found %s", tok_desc(ps));
       return false;
     }
-    char *bname = tok_str(ps);
-    x.buf = graph_find_buffer(g, bname);
+    x.buf = namemap_get(&ps->bufs, ps->tok.s, ps->tok.n);
     if (x.buf < 0) {
-      perr(ps, ps->tok.off, "%s of undeclared buffer '@%s'", info->name, bname);
+      perr(ps, ps->tok.off, "%s of undeclared buffer '@%s'", info->name, tok_str(ps));
       return false;
     }
     next(ps);
@@ -427,10 +443,9 @@ static bool parse_insn(Parser *ps, const char *lead) {
            tok_desc(ps));
       return false;
     }
-    char *bname = tok_str(ps);
-    x.buf = graph_find_buffer(g, bname);
+    x.buf = namemap_get(&ps->bufs, ps->tok.s, ps->tok.n);
     if (x.buf < 0) {
-      perr(ps, ps->tok.off, "hold in undeclared buffer '@%s'", bname);
+      perr(ps, ps->tok.off, "hold in undeclared buffer '@%s'", tok_str(ps));
       return false;
     }
     next(ps);
@@ -521,6 +536,8 @@ static bool parse_insn(Parser *ps, const char *lead) {
   x.pos = pos_at(ps, line_off);
   x.seg = (int16_t)ps->seg;
   arena_grow(g->arena, (void **)&g->ins, &g->capins, g->nins + 1, sizeof(Ins));
+  if (name)
+    namemap_add(&ps->values, name, strlen(name), g->nins);
   g->ins[g->nins++] = x;
   return true;
 }
@@ -541,11 +558,15 @@ static bool parse_label(Parser *ps) {
     return false;
   }
   for (; i < n; i++) {
-    if (!isdigit((unsigned char)s[i]) || k > 1000) {
+    if (!isdigit((unsigned char)s[i])) {
       perr(ps, off, "malformed label %s", tok_desc(ps));
       return false;
     }
     k = k * 10 + (s[i] - '0');
+    if (k >= IR_MAX_PHASES) {
+      perr(ps, off, "label %s: a step has at most %d phases", tok_desc(ps), IR_MAX_PHASES);
+      return false;
+    }
   }
   int seg = 2 * k + base;
   if (seg <= ps->seg) {
@@ -559,12 +580,18 @@ static bool parse_label(Parser *ps) {
 }
 
 Graph *ir_parse(const SrcFile *src, Arena *a) {
-  Parser ps = {.src = src, .p = src->text, .end = src->text + src->len, .seg = -1};
+  Parser ps = {.src = src, .p = src->text, .end = src->text + src->len, .seg = -1,
+               .kind_buf = {-1, -1, -1}};
   ps.g = graph_new(a);
   ps.g->src = src;
+  namemap_init(&ps.values, a);
+  namemap_init(&ps.bufs, a);
   Buf lead = {0};
+  /* one line per iteration */
   while (ps.p < ps.end && !ps.failed) {
     const char *line = ps.p;
+    ps.line++;
+    ps.line_off = (size_t)(line - src->text);
     next(&ps);
     if (ps.tok.kind == T_EOL) {
       /* A blank or comment-only line: keep it, verbatim, for the next item. */
@@ -621,23 +648,27 @@ Graph *ir_parse(const SrcFile *src, Arena *a) {
   if (!ps.failed && lead.len)
     ps.g->tail = arena_strndup(a, lead.data, lead.len);
   buf_free(&lead);
-  /* Uses of names that were never defined before them. */
-  for (int i = 0; !ps.failed && i < ps.npending; i++) {
+  /* Uses of names that were never defined before them: the first few, each
+   * with its source line (which error_at finds by a scan of the file). */
+  for (int i = 0; !ps.failed && i < ps.npending && i < MAX_PENDING_ERRORS; i++) {
     Pending *u = &ps.pending[i];
-    Ref def = graph_find_value(ps.g, u->name);
+    Ref def = namemap_get(&ps.values, u->name, strlen(u->name));
     if (def != NOREF)
-      error_at(pos_at(&ps, u->off), "value '%%%s' is used before it is defined (on line %d)", u->name,
+      error_at(u->pos, "value '%%%s' is used before it is defined (on line %d)", u->name,
                ps.g->ins[def].pos.line);
     else
-      error_at(pos_at(&ps, u->off), "use of undefined value '%%%s'", u->name);
-    ps.failed = true;
+      error_at(u->pos, "use of undefined value '%%%s'", u->name);
+    if (i + 1 == MAX_PENDING_ERRORS && ps.npending > MAX_PENDING_ERRORS)
+      error("%d more uses of values before their definition", ps.npending - MAX_PENDING_ERRORS);
   }
-  if (ps.failed)
+  if (ps.failed || ps.npending > 0)
     return NULL;
   /* Buffer initial values that name an input must name one. */
   for (int i = 0; i < ps.g->nbufs; i++) {
     Buffer *b = &ps.g->bufs[i];
-    if (b->init == INIT_INPUT && graph_find_input(ps.g, b->init_input) == NOREF) {
+    Ref in = b->init == INIT_INPUT ? namemap_get(&ps.values, b->init_input, strlen(b->init_input)) : NOREF;
+    if (b->init == INIT_INPUT &&
+        (in == NOREF || (ps.g->ins[in].op != OP_INPUT && ps.g->ins[in].op != OP_OPTION))) {
       error_at(b->pos, "initial value of '@%s' names '%%%s', which is not an input", b->name,
                b->init_input);
       return NULL;

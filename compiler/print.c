@@ -27,6 +27,8 @@ static void format_bound(char out[40], double v) { fmt_double(out, v, false); }
 /* Gives every unnamed value a number that no named value uses. */
 static const char **value_names(const Graph *g) {
   const char **names = arena_alloc(g->arena, sizeof(char *) * (size_t)(g->nins + 1));
+  NameMap taken;
+  graph_value_map(g, &taken);
   int next = 0;
   for (int i = 0; i < g->nins; i++) {
     if (g->ins[i].name) {
@@ -36,11 +38,10 @@ static const char **value_names(const Graph *g) {
     if (g->ins[i].op == OP_STORE)
       continue;
     char tmp[16];
-    for (;;) {
-      snprintf(tmp, sizeof tmp, "%d", next++);
-      if (graph_find_value(g, tmp) == NOREF)
-        break;
-    }
+    int n;
+    do
+      n = snprintf(tmp, sizeof tmp, "%d", next++);
+    while (namemap_get(&taken, tmp, (size_t)n) >= 0);
     names[i] = arena_strdup(g->arena, tmp);
   }
   return names;
@@ -66,14 +67,24 @@ static void print_buffer(const Graph *g, const Buffer *b, Buf *out) {
   buf_putc(out, '\n');
 }
 
+/* " %name", with sep in place of the space; the printer's inner loop, kept
+ * to plain appends (a graph can have millions of operands). */
+static void put_value(Buf *out, const char *sep, const char *name) {
+  buf_puts(out, sep);
+  buf_putc(out, '%');
+  buf_puts(out, name);
+}
+
 static void print_ins(const Graph *g, const char **names, Ref i, Buf *out) {
   const Ins *x = &g->ins[i];
   const OpInfo *info = &op_info[x->op];
   char tmp[40];
   if (x->lead)
     buf_puts(out, x->lead);
-  if (x->op != OP_STORE)
-    buf_printf(out, "%%%s = ", names[i]);
+  if (x->op != OP_STORE) {
+    put_value(out, "", names[i]);
+    buf_puts(out, " = ");
+  }
   buf_puts(out, info->name);
   switch (x->op) {
   case OP_CONST:
@@ -107,11 +118,13 @@ static void print_ins(const Graph *g, const char **names, Ref i, Buf *out) {
     break;
   default:
     for (int k = 0; k < info->nargs; k++)
-      buf_printf(out, "%s%%%s", k ? ", " : " ", names[x->args[k]]);
+      put_value(out, k ? ", " : " ", names[x->args[k]]);
     break;
   }
-  if (x->op != OP_STORE)
-    buf_printf(out, " : %s", type_names[x->type]);
+  if (x->op != OP_STORE) {
+    buf_puts(out, " : ");
+    buf_puts(out, type_names[x->type]);
+  }
   if (x->trail)
     buf_puts(out, x->trail);
   buf_putc(out, '\n');

@@ -219,10 +219,13 @@ bool ir_verify(Graph *g) {
       return fail(&v, i, "'@%s' is stored twice; a step stores each buffer at most once",
                   g->bufs[x->buf].name);
   }
+  NameMap names = {0}; /* built at the first buffer that needs it */
   for (int i = 0; i < g->nbufs; i++) {
     Buffer *b = &g->bufs[i];
     if (b->init == INIT_INPUT) {
-      Ref r = graph_find_input(g, b->init_input);
+      if (!names.slots)
+        graph_value_map(g, &names);
+      Ref r = namemap_get(&names, b->init_input, strlen(b->init_input));
       if (r == NOREF || g->ins[r].op != OP_INPUT) {
         error_at(b->pos, "initial value of '@%s' names '%%%s', which is not an input", b->name,
                  b->init_input);

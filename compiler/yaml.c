@@ -12,10 +12,13 @@ static SrcPos mark_pos(const SrcFile *src, yaml_mark_t m) {
   return (SrcPos){src, (int)m.line + 1, (int)m.column + 1};
 }
 
+/* How deep mappings and sequences may nest: recipes use four or five levels. */
+enum { YAML_MAX_DEPTH = 64 };
+
 static YamlNode *convert(yaml_document_t *doc, yaml_node_t *y, const SrcFile *src, Arena *a, int depth) {
   YamlNode *n = arena_alloc(a, sizeof(YamlNode));
   n->pos = mark_pos(src, y->start_mark);
-  if (depth > 64) {
+  if (depth > YAML_MAX_DEPTH) {
     error_at(n->pos, "YAML nested too deeply");
     return NULL;
   }
@@ -74,9 +77,43 @@ static YamlNode *convert(yaml_document_t *doc, yaml_node_t *y, const SrcFile *sr
   }
 }
 
+/* The nesting depth, checked on libyaml's event stream before its document
+ * is built: building a document 100,000 levels deep takes libyaml tens of
+ * seconds, the events stop at the first level too many. False, with the
+ * error at that level's start, when too deep; a syntax error is left to
+ * yaml_load to report. */
+static bool depth_ok(const SrcFile *src) {
+  yaml_parser_t parser;
+  if (!yaml_parser_initialize(&parser))
+    return true;
+  yaml_parser_set_input_string(&parser, (const unsigned char *)src->text, src->len);
+  bool ok = true;
+  for (int depth = 0;;) {
+    yaml_event_t ev;
+    if (!yaml_parser_parse(&parser, &ev))
+      break;
+    yaml_event_type_t t = ev.type;
+    if (t == YAML_MAPPING_START_EVENT || t == YAML_SEQUENCE_START_EVENT) {
+      if (++depth > YAML_MAX_DEPTH + 1) {
+        error_at(mark_pos(src, ev.start_mark), "YAML nested too deeply (more than %d levels)", YAML_MAX_DEPTH);
+        ok = false;
+      }
+    } else if (t == YAML_MAPPING_END_EVENT || t == YAML_SEQUENCE_END_EVENT) {
+      depth--;
+    }
+    yaml_event_delete(&ev);
+    if (!ok || t == YAML_STREAM_END_EVENT)
+      break;
+  }
+  yaml_parser_delete(&parser);
+  return ok;
+}
+
 YamlNode *yaml_load(const SrcFile *src, Arena *a) {
   yaml_parser_t parser;
   yaml_document_t doc;
+  if (!depth_ok(src))
+    return NULL;
   if (!yaml_parser_initialize(&parser)) {
     error("cannot initialise libyaml");
     return NULL;

@@ -106,9 +106,19 @@ static Ref simplify(Graph *g, Ref i) {
 static bool run(Graph *g) {
   ir_lower_holds(g, true);
   bool *keep = arena_alloc(g->arena, (size_t)g->nins + 1);
+  /* same[i]: what value i simplified to, else i. Operands are renamed
+   * through it as the walk reaches them, in one pass: a value's users all
+   * come after it. */
+  Ref *same = arena_alloc(g->arena, sizeof(Ref) * (size_t)(g->nins + 1));
+  NameMap names = {0}; /* each name's first holder before the pass; built when first asked */
   for (int i = 0; i < g->nins; i++) {
     Ins *x = &g->ins[i];
     keep[i] = true;
+    same[i] = i;
+    for (int k = 0; k < op_info[x->op].nargs; k++)
+      x->args[k] = same[x->args[k]];
+    if (x->dep != NOREF)
+      x->dep = same[x->dep];
     if (x->op == OP_STORE) {
       const Ins *v = &g->ins[x->args[0]];
       keep[i] = !(v->op == OP_LOAD && v->buf == x->buf);
@@ -118,12 +128,16 @@ static bool run(Graph *g) {
       continue;
     Ref to = simplify(g, i);
     if (to != NOREF) {
-      /* Keep the more telling name: the replaced value's, if the survivor has none. */
-      if (!g->ins[to].name && x->name && graph_find_value(g, x->name) == i) {
+      /* Keep the more telling name: the replaced value's, if the survivor
+       * has none and no earlier value has it (names only move to earlier
+       * values, so no earlier value has it now if none had it before). */
+      if (!g->ins[to].name && x->name && !names.slots)
+        graph_value_map(g, &names);
+      if (!g->ins[to].name && x->name && namemap_get(&names, x->name, strlen(x->name)) == i) {
         g->ins[to].name = x->name;
         x->name = NULL;
       }
-      ir_replace_uses(g, i, to, i + 1);
+      same[i] = to;
     }
   }
   graph_compact(g, keep);

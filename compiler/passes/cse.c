@@ -51,10 +51,19 @@ bool pass_cse(Graph *g) {
     cap *= 2;
   Ref *table = arena_alloc(g->arena, sizeof(Ref) * (size_t)cap);
   Key *keys = arena_alloc(g->arena, sizeof(Key) * (size_t)(g->nins + 1));
+  /* same[i]: the earlier value i merged into, else i. Operands are renamed
+   * through it as the walk reaches them, in one pass: a merged value's
+   * users all come after it. */
+  Ref *same = arena_alloc(g->arena, sizeof(Ref) * (size_t)(g->nins + 1));
   for (int s = 0; s < cap; s++)
     table[s] = NOREF;
   for (int i = 0; i < g->nins; i++) {
-    const Ins *x = &g->ins[i];
+    Ins *x = &g->ins[i];
+    same[i] = i;
+    for (int k = 0; k < op_info[x->op].nargs; k++)
+      x->args[k] = same[x->args[k]];
+    if (x->dep != NOREF)
+      x->dep = same[x->dep];
     if (x->op == OP_STORE || x->op == OP_INPUT || x->op == OP_OPTION)
       continue;
     keys[i] = key_of(g, i);
@@ -68,9 +77,8 @@ bool pass_cse(Graph *g) {
       if (memcmp(&keys[table[s]], &keys[i], sizeof(Key)) == 0) {
         Ref first = table[s];
         if (!g->ins[first].name && x->name)
-          g->ins[first].name = x->name, g->ins[i].name = NULL;
-        ir_replace_uses(g, i, first, i + 1);
-        /* later keys that named i now name first: recompute as we go */
+          g->ins[first].name = x->name, x->name = NULL;
+        same[i] = first; /* later keys see first where they named i */
         break;
       }
     }

@@ -7,14 +7,19 @@
  * names: the executor then never allocates or streams them. */
 #include "../passes.h"
 
+#include <string.h>
+
 void pass_dce(Graph *g) {
   int n = g->nins;
   bool *live = arena_alloc(g->arena, (size_t)n + 1);
   /* An input that starts a state buffer is read by the runtime. */
+  NameMap names = {0}; /* built at the first buffer that needs it */
   for (int b = 0; b < g->nbufs; b++)
     if (g->bufs[b].init == INIT_INPUT) {
-      Ref r = graph_find_input(g, g->bufs[b].init_input);
-      if (r != NOREF)
+      if (!names.slots)
+        graph_value_map(g, &names);
+      Ref r = namemap_get(&names, g->bufs[b].init_input, strlen(g->bufs[b].init_input));
+      if (r != NOREF && (g->ins[r].op == OP_INPUT || g->ins[r].op == OP_OPTION))
         live[r] = true;
     }
   for (int i = n - 1; i >= 0; i--) {

@@ -24,6 +24,9 @@
 
 #include <string.h>
 
+/* How many times its size recomputing may grow a graph. */
+enum { MAX_GROWTH = 16 };
+
 bool pass_partition(Graph *g) {
   pass_dce(g);
   int n = g->nins;
@@ -41,6 +44,11 @@ bool pass_partition(Graph *g) {
       last = MAX(last, s);
     if (x->op == OP_REDUCE && g->ins[x->args[0]].scope == SCOPE_TENSOR) {
       error_at(x->pos, "a reduction of tensor-scope values is not supported by the compiled backends");
+      return false;
+    }
+    if ((x->op == OP_STORE || x->op == OP_REDUCE) && s >= IR_MAX_PHASES) {
+      error_at(x->pos, "this %s waits for a chain of %d reductions, each a pass over memory; a step has at most %d",
+               op_info[x->op].name, s, IR_MAX_PHASES);
       return false;
     }
   }
@@ -65,13 +73,21 @@ bool pass_partition(Graph *g) {
   /* Recompute or spill: what each later phase must load again to recompute
    * its copies, against writing and reading the values it copies. */
   bool *placed = arena_alloc(g->arena, (size_t)n + 1);
+  bool *fresh_use = arena_alloc(g->arena, (size_t)n + 1); /* used by a value this phase computes fresh */
   for (int k = 0; k < nphases; k++) {
     const bool *nk = need + (size_t)k * (size_t)n;
     int recompute = 0, spill = 0;
     bool *loads_here = arena_alloc(g->arena, (size_t)g->nbufs + 1);
-    for (int i = 0; i < n; i++)
-      if (nk[i] && g->ins[i].op == OP_LOAD && !placed[i])
-        loads_here[g->ins[i].buf] = true;
+    memset(fresh_use, 0, (size_t)n + 1);
+    for (int j = 0; j < n; j++) {
+      const Ins *y = &g->ins[j];
+      if (!nk[j] || placed[j])
+        continue;
+      if (y->op == OP_LOAD)
+        loads_here[y->buf] = true;
+      for (int a = 0; a < op_info[y->op].nargs; a++)
+        fresh_use[y->args[a]] = true;
+    }
     for (int i = 0; i < n; i++) {
       const Ins *x = &g->ins[i];
       if (!nk[i] || !placed[i])
@@ -81,16 +97,8 @@ bool pass_partition(Graph *g) {
         loads_here[x->buf] = true;
       }
       /* a copied value used by something this phase computes fresh */
-      for (int j = i + 1; j < n; j++) {
-        const Ins *y = &g->ins[j];
-        bool uses = false;
-        for (int a = 0; a < op_info[y->op].nargs; a++)
-          uses |= y->args[a] == i;
-        if (uses && nk[j] && !placed[j]) {
-          spill += 2 * type_size((Type)x->type);
-          break;
-        }
-      }
+      if (fresh_use[i])
+        spill += 2 * type_size((Type)x->type);
     }
     if (spill < recompute) {
       error("partition: phase %d would move %d bytes/element recomputing, %d spilling; spilling is not implemented",
@@ -101,8 +109,24 @@ bool pass_partition(Graph *g) {
       placed[i] |= nk[i];
   }
 
-  /* Emit: ^step0, ^phase0, ^step1, ^phase1, ... */
-  Ins *out = arena_alloc(g->arena, sizeof(Ins) * ((size_t)nphases * (size_t)n + 1));
+  /* Emit: ^step0, ^phase0, ^step1, ^phase1, ... Each step value once, in
+   * its stage's ^stepK; each per-element value in every phase that needs
+   * it. Count first: recomputing is meant to copy a few loads and what
+   * they feed, and a graph that would copy far more is refused rather than
+   * grown without bound. */
+  size_t total = 0;
+  for (int i = 0; i < n; i++) {
+    const Ins *x = &g->ins[i];
+    bool step_op = x->scope == SCOPE_STEP && x->op != OP_REDUCE && x->op != OP_STORE;
+    for (int k = 0; k < nphases; k++)
+      total += step_op ? stage[i] == k : need[(size_t)k * (size_t)n + (size_t)i];
+  }
+  if (total > (size_t)MAX_GROWTH * (size_t)n + 4096) {
+    error("partition: recomputing per-element values in each of %d phases would take %zu instructions, "
+          "over %d times the graph's %d; spilling is not implemented", nphases, total, MAX_GROWTH, n);
+    return false;
+  }
+  Ins *out = arena_alloc(g->arena, sizeof(Ins) * (total + 1));
   int m = 0;
   Ref *gmap = arena_alloc(g->arena, sizeof(Ref) * (size_t)(n + 1)); /* step values, reductions */
   Ref *pmap = arena_alloc(g->arena, sizeof(Ref) * (size_t)(n + 1)); /* this phase's element values */
@@ -146,9 +170,10 @@ bool pass_partition(Graph *g) {
     for (int i = 0; i < n; i++)
       pmap[i] = NOREF;
   }
+  ASSERT((size_t)m == total);
   g->ins = out;
   g->nins = m;
-  g->capins = nphases * n + 1;
+  g->capins = (int)total + 1;
   g->nphases = nphases;
   ir_infer_scopes(g);
   return true;
