@@ -23,8 +23,11 @@
 #include "fused_ref.h"
 
 #include <jansson.h>
+#include <linux/perf_event.h>
 #include <math.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
@@ -54,6 +57,7 @@ static const char usage[] =
     "  --layout L           fp32, bf16 or bf16-fp32states (default fp32; overrides the recipe)\n"
     "  --clip               clip_grad_norm 1.0 (adds the norm pass)\n"
     "  --threads N          threads for compiled, fused-reference and the ceiling (default: all cores)\n"
+    "  --cpu NAME           compile the compiled step for another CPU (e.g. haswell: AVX2 only)\n"
     "  --reps N             timed steps per strategy (default 5), after 2 warm-up steps\n"
     "  --strategies LIST    comma-separated subset (default: all four)\n"
     "  --json FILE          also write the results as JSON\n"
@@ -67,6 +71,7 @@ typedef struct {
   bool ran;
   double ms_median, ms_min, ms_max;
   double moved_bytes_per_elem; /* the strategy's own traffic */
+  double cycles_per_elem;      /* every thread's cycles over the timed steps, per element per step */
   char note[96];
 } Result;
 
@@ -79,7 +84,7 @@ static int cmp_double(const void *a, const void *b) {
 static Result timed_result(double *times, int reps, double moved_bytes_per_elem) {
   qsort(times, (size_t)reps, sizeof(double), cmp_double);
   double median = reps % 2 ? times[reps / 2] : (times[reps / 2 - 1] + times[reps / 2]) / 2;
-  return (Result){true, median, times[0], times[reps - 1], moved_bytes_per_elem, ""};
+  return (Result){true, median, times[0], times[reps - 1], moved_bytes_per_elem, 0, ""};
 }
 
 /* One row of the JSON's results[]: the fields tests/bench/schema.py checks,
@@ -145,6 +150,75 @@ static void measure_ceiling(ThreadPool *pool, int64_t n, int reps, double *copy,
   free(st.a);
   free(st.b);
   free(st.c);
+}
+
+/* ---- cycles ----------------------------------------------------------------------------------
+ * Cycles per element: what every thread of the process spent on a step,
+ * per element. From the CPU's cycle counter through perf_event_open where
+ * the kernel allows it (opened before the thread pool, so that its threads
+ * inherit it); else the process's CPU time times the clock, which a chain
+ * of dependent adds (one cycle each on any x86-64) measures. */
+
+typedef struct {
+  int fd;          /* the perf counter, or -1 */
+  double hz;       /* the measured clock, for the fallback */
+  const char *how; /* what the figures come from */
+} Cycles;
+
+static double cpu_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double thread_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The clock this thread runs at: n dependent register adds take n cycles
+ * (a chain of immediate adds does not: some CPUs fold those at rename).
+ * Best of five, so that a preemption does not count. */
+static double measure_hz(void) {
+  double best = 0;
+#if defined(__x86_64__)
+  for (int rep = 0; rep < 5; rep++) {
+    const long n = 20000000;
+    double t0 = thread_seconds();
+    long x = 0, one = 1;
+    for (long i = 0; i < n / 8; i++)
+      __asm__ volatile("add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\t"
+                       "add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0"
+                       : "+r"(x)
+                       : "r"(one));
+    double dt = thread_seconds() - t0;
+    if (dt > 0)
+      best = MAX(best, (double)n / dt);
+  }
+#endif
+  return best;
+}
+
+static void cycles_init(Cycles *c) {
+  struct perf_event_attr a = {.type = PERF_TYPE_HARDWARE, .size = sizeof a, .config = PERF_COUNT_HW_CPU_CYCLES,
+                              .inherit = 1, .exclude_kernel = 1, .exclude_hv = 1};
+  c->fd = (int)syscall(SYS_perf_event_open, &a, 0, -1, -1, 0);
+  c->hz = 0;
+  c->how = "perf counters (user-mode cycles)";
+  if (c->fd < 0) {
+    c->hz = measure_hz();
+    c->how = c->hz > 0 ? "CPU time x the clock (no perf counters here)" : "nothing (no perf counters, no clock)";
+  }
+}
+
+/* Cycles so far: counted, or CPU seconds times the clock. */
+static double cycles_now(const Cycles *c) {
+  if (c->fd >= 0) {
+    uint64_t v = 0;
+    return read(c->fd, &v, sizeof v) == (ssize_t)sizeof v ? (double)v : 0;
+  }
+  return cpu_seconds() * c->hz;
 }
 
 /* ---- the workload ------------------------------------------------------------------------- */
@@ -364,7 +438,7 @@ static bool bench_gpu(const Graph *g, ParamGroup *pg, double *vals, int reps, Gp
 /* ---- the command ---------------------------------------------------------------------------------- */
 
 int bench_optimizer(int argc, char **argv) {
-  const char *config = NULL, *layout = NULL, *json_path = NULL, *plot_path = NULL, *strategies = NULL;
+  const char *config = NULL, *layout = NULL, *json_path = NULL, *plot_path = NULL, *strategies = NULL, *cpu_name = NULL;
   int64_t nparams = 0;
   int threads = 0, reps = 5;
   bool clip = false;
@@ -384,6 +458,8 @@ int bench_optimizer(int argc, char **argv) {
       json_path = v, i++;
     } else if (v && !strcmp(a, "--plot")) {
       plot_path = v, i++;
+    } else if (v && !strcmp(a, "--cpu")) {
+      cpu_name = v, i++;
     } else if (v && !strcmp(a, "--strategies")) {
       strategies = v, i++;
     } else if (v && !strcmp(a, "--params")) {
@@ -485,6 +561,8 @@ int bench_optimizer(int argc, char **argv) {
     nparams = ((int64_t)1 << 30) / bytes_per_buffer_elem + 1;
   int ntensors;
   int64_t *sizes = scaled_mix(&model, nparams, &ntensors);
+  Cycles cyc;
+  cycles_init(&cyc); /* before the pool, whose threads inherit the counter */
   ThreadPool *pool = pool_create(threads);
   threads = pool_size(pool);
 
@@ -516,14 +594,14 @@ int bench_optimizer(int argc, char **argv) {
   CpuProgram *prog = NULL;
   double compile_cold = 0, compile_cached = 0;
   if (run[S_COMPILED] && cpu_backend_available()) {
-    CpuTarget nocache = {.no_cache = true};
+    CpuTarget nocache = {.cpu = cpu_name, .no_cache = true}, target = {.cpu = cpu_name};
     CpuProgram *first = cpu_compile(g, &nocache, &cold);
-    prog = first ? cpu_compile(g, NULL, &warm) : NULL;
+    prog = first ? cpu_compile(g, &target, &warm) : NULL;
     if (first && prog) {
       /* that one populated the cache; time a compile that hits it */
       cpu_program_free(prog);
       warm = (CompileTimes){0};
-      prog = cpu_compile(g, NULL, &warm);
+      prog = cpu_compile(g, &target, &warm);
     }
     cpu_program_free(first);
     compile_cold = cold.build + cold.opt + cold.codegen + cold.link;
@@ -575,6 +653,7 @@ int bench_optimizer(int argc, char **argv) {
       continue;
     }
     double *times = calloc((size_t)reps, sizeof(double));
+    double cycles = 0;
     for (int rep = -2; rep < reps; rep++) {
       step += 1;
       if (sref != NOREF)
@@ -582,6 +661,7 @@ int bench_optimizer(int argc, char **argv) {
       if (sref_un != NOREF)
         vals_un[sref_un] = step;
       StepResult sr;
+      double c0 = cycles_now(&cyc);
       double t0 = now_seconds();
       switch ((Strategy)s) {
       case S_EAGER:
@@ -600,10 +680,12 @@ int bench_optimizer(int argc, char **argv) {
       default: unreachable();
       }
       double dt = (now_seconds() - t0) * 1e3;
+      double dc = cycles_now(&cyc) - c0;
       if (rep >= 0)
-        times[rep] = dt;
+        times[rep] = dt, cycles += dc;
     }
     res[s] = timed_result(times, reps, s <= S_FOREACH ? eager_bytes : plan_bytes);
+    res[s].cycles_per_elem = cycles / ((double)reps * (double)n);
     free(times);
   }
   pg.g = g;
@@ -613,8 +695,8 @@ int bench_optimizer(int argc, char **argv) {
   /* the table */
   double elems = (double)n;
   const char *layout_name = layout ? layout : type_names[r->param_dtype];
-  printf("  %-16s %10s %14s %9s %9s %9s %12s %10s\n", "strategy", "ms", "spread", "GB/s", "% triad", "% update",
-         "params/s", "vs eager");
+  printf("  %-16s %10s %14s %9s %9s %9s %12s %10s %9s\n", "strategy", "ms", "spread", "GB/s", "% triad", "% update",
+         "params/s", "vs eager", "cyc/elem");
   json_t *results = json_array();
   for (int s = 0; s < NUM_STRATEGIES; s++) {
     if (!run[s])
@@ -632,11 +714,12 @@ int bench_optimizer(int argc, char **argv) {
       snprintf(vs, sizeof vs, "%.2fx", speedup);
     else
       snprintf(vs, sizeof vs, "-");
-    printf("  %-16s %10.2f %14s %9.1f %8.1f%% %8.1f%% %12.3g %10s\n", strategy_names[s], res[s].ms_median, spread, gbps,
-           pct, 100 * gbps / update_gbps, elems / (res[s].ms_median * 1e-3), vs);
+    printf("  %-16s %10.2f %14s %9.1f %8.1f%% %8.1f%% %12.3g %10s %9.2f\n", strategy_names[s], res[s].ms_median, spread,
+           gbps, pct, 100 * gbps / update_gbps, elems / (res[s].ms_median * 1e-3), vs, res[s].cycles_per_elem);
     json_t *o = result_json(strategy_names[s], "cpu", layout_name, clip, &res[s], elems, plan_bytes, triad_gbps,
                             &res[S_EAGER]);
     json_object_set_new(o, "pct_of_update", json_real(100 * gbps / update_gbps));
+    json_object_set_new(o, "cycles_per_element", json_real(res[s].cycles_per_elem));
     json_array_append_new(results, o);
   }
   if (gpu_ran) {
@@ -659,9 +742,14 @@ int bench_optimizer(int argc, char **argv) {
   } else if (gpu.res.note[0]) {
     printf("  %-16s %s\n", "compiled (cuda)", gpu.res.note);
   }
+  printf("\n  cyc/elem: every thread's cycles per element per step, from %s", cyc.how);
+  if (cyc.fd < 0 && cyc.hz > 0)
+    printf(", %.2f GHz", cyc.hz / 1e9);
+  printf("\n");
   if (prog)
-    printf("\n  compile: %.1f ms cold (LLVM build %.1f, O3 %.1f, codegen %.1f, link %.1f); %.2f ms from the disk cache\n",
-           compile_cold, cold.build, cold.opt, cold.codegen, cold.link, compile_cached);
+    printf("  compile%s%s: %.1f ms cold (LLVM build %.1f, O3 %.1f, codegen %.1f, link %.1f); %.2f ms from the disk cache\n",
+           cpu_name ? " for " : "", cpu_name ? cpu_name : "", compile_cold, cold.build, cold.opt, cold.codegen, cold.link,
+           compile_cached);
 
   int rc = 0;
   if (json_path || plot_path) {

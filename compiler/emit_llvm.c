@@ -41,8 +41,39 @@ typedef struct {
   LLVMValueRef mask;     /* NULL, or the tail's <W x i1> */
   LLVMValueRef j;        /* first element of this vector, within the chunk */
   LLVMValueRef start;    /* the chunk's first element within its tensor */
+  LLVMValueRef *cscalar; /* (nins) step values with any NaN made 0x7fc00000 | sign */
+  LLVMValueRef *csplat;  /* (nins) their splats, per chunk */
+  LLVMValueRef *rnd;     /* (nins) a cvt to bf16: the rounded value as f32 bits */
+  LLVMValueRef *lerp_w;  /* (nins) a lerp by a step value: the fma's weight, splat */
+  LLVMValueRef *lerp_lo; /* (nins) ... and whether |w| < 0.5, splat */
+  uint8_t *fl;           /* (nins) FL_* of the phase being emitted */
+  uint8_t *stage;        /* (nins) 1: after a divide or a square root (the pipelined loop's second stage) */
+  Ref *cross;            /* (nins) the first stage's values the second reads */
+  int ncross;
+  bool no_tail;          /* this body's vector is in no tailpos remainder */
   bool avx512;           /* the target has AVX-512F (vrsqrt14ps) */
+  bool avx512bw;         /* ... and AVX-512BW (vpermw): bf16 packed and widened in one op */
+  LLVMValueRef perm_pack, perm_widen, odd_words; /* vpermw's operands, loaded at entry */
 } E;
+
+/* What emit_phase knows about a value before it emits the body (analyze).
+ * The point is the bf16 hold, cvt(cvt(x : bf16) : f32): rounding x in its
+ * f32 bits with the NaN case left out is a third of optc_f32_to_bf16's
+ * work, and gives a NaN back as itself when its low 16 payload bits are
+ * zero, where numerics.h gives 0x7fc0 | sign. The two differ only in a
+ * NaN's payload, never in its sign, and a payload is seen only by a few
+ * uses: a store of an f32 or f64, a reduction. So a hold skips the NaN
+ * case (FL_FAST) when its operand's NaNs have clean low bits (FL_P) and
+ * no such use sees its result through NaN-propagating arithmetic
+ * (FL_SENS). A 16-bit store packs with the NaN case, so the bits in memory
+ * are numerics.h's either way. */
+enum {
+  FL_SENS = 1,  /* a NaN's payload here reaches an f32/f64 store or a reduction */
+  FL_CLEAN = 2, /* its step-value operands may be canonical-NaN copies (cscalar) */
+  FL_P = 4,     /* as f32, any NaN here has its low 16 payload bits zero */
+  FL_FAST = 8,  /* a cvt to bf16 whose f32 uses may skip the NaN case */
+  FL_CANON = 16 /* a bf16 value whose NaNs are 0x7fc0 | sign: not a load */
+};
 
 /* ---- types and constants --------------------------------------------------------- */
 
@@ -57,6 +88,9 @@ static LLVMTypeRef scalar_type(E *e, Type t) {
   default: unreachable();
   }
 }
+
+static bool is16(Type t) { return t == TY_BF16 || t == TY_F16; }
+static bool in_body(const Ins *x) { return x->scope == SCOPE_ELEM; }
 
 static LLVMTypeRef vec(LLVMTypeRef t, int n) { return LLVMVectorType(t, (unsigned)n); }
 static LLVMTypeRef vtype(E *e, Type t) { return vec(scalar_type(e, t), W); }
@@ -94,20 +128,71 @@ static LLVMValueRef unary_intrinsic(E *e, const char *name, LLVMValueRef x) {
 
 /* ---- bf16 and f16, as numerics.h, lane by lane --------------------------------------- */
 
+/* With AVX-512BW a bf16 vector is widened, and packed, by one vpermw: its
+ * word indices and zeroing mask come from globals the optimizer cannot see
+ * through (a constant one would become a shuffle, which is lowered as a
+ * zero-extension and a shift, or a shift and vpmovdw: two or three ops). */
 static LLVMValueRef bf16_to_f32(E *e, LLVMValueRef h) {
-  LLVMValueRef u = LLVMBuildZExt(e->b, h, vec(e->ti32, W), "");
-  return LLVMBuildBitCast(e->b, LLVMBuildShl(e->b, u, ci32(e, 16), ""), vec(e->tf32, W), "");
+  LLVMBuilderRef b = e->b;
+  if (e->avx512bw) {
+    LLVMValueRef lanes[2 * W];
+    for (int i = 0; i < 2 * W; i++)
+      lanes[i] = i < W ? LLVMConstInt(e->ti32, (unsigned)i, 0) : LLVMGetUndef(e->ti32);
+    LLVMValueRef wide = LLVMBuildShuffleVector(b, h, LLVMGetUndef(LLVMTypeOf(h)), LLVMConstVector(lanes, 2 * W), "");
+    LLVMValueRef args[2] = {wide, e->perm_widen};
+    LLVMValueRef p = call_intrinsic(e, "llvm.x86.avx512.permvar.hi.512", NULL, 0, args, 2);
+    p = LLVMBuildSelect(b, e->odd_words, p, LLVMConstNull(vec(e->ti16, 2 * W)), "");
+    return LLVMBuildBitCast(b, p, vec(e->tf32, W), "");
+  }
+  LLVMValueRef u = LLVMBuildZExt(b, h, vec(e->ti32, W), "");
+  return LLVMBuildBitCast(b, LLVMBuildShl(b, u, ci32(e, 16), ""), vec(e->tf32, W), "");
+}
+
+/* optc_f32_to_bf16 without its NaN case, kept in place: the f32 bits with
+ * the low 16 rounded off to nearest even (u + 0x7fff + lsb, then the low
+ * half cleared). A NaN whose low 16 payload bits are zero comes out as
+ * itself; any other NaN may not (a signaling one can become infinity, one
+ * with a full payload carries into the sign). */
+static LLVMValueRef bf16_round_bits(E *e, LLVMValueRef u) {
+  LLVMBuilderRef b = e->b;
+  LLVMValueRef r;
+  if (e->avx512) {
+    /* the bias as a choice of two constants: vptestmd and a masked move */
+    LLVMValueRef odd = LLVMBuildICmp(b, LLVMIntNE, LLVMBuildAnd(b, u, ci32(e, 0x10000), ""), ci32(e, 0), "");
+    r = LLVMBuildAdd(b, u, LLVMBuildSelect(b, odd, ci32(e, 0x8000), ci32(e, 0x7fff), ""), "");
+  } else {
+    LLVMValueRef lsb = LLVMBuildAnd(b, LLVMBuildLShr(b, u, ci32(e, 16), ""), ci32(e, 1), "");
+    r = LLVMBuildAdd(b, LLVMBuildAdd(b, u, ci32(e, 0x7fff), ""), lsb, "");
+  }
+  return LLVMBuildAnd(b, r, ci32(e, 0xffff0000u), "");
+}
+
+/* optc_f32_to_bf16 in the f32 bits: the rounded bits, or the quiet NaN
+ * (0x7fc0 | sign) << 16. */
+static LLVMValueRef bf16_round_exact(E *e, LLVMValueRef f, LLVMValueRef fast) {
+  LLVMBuilderRef b = e->b;
+  LLVMValueRef u = LLVMBuildBitCast(b, f, vec(e->ti32, W), "");
+  LLVMValueRef nan = LLVMBuildOr(b, LLVMBuildAnd(b, u, ci32(e, 0x80000000u), ""), ci32(e, 0x7fc00000), "");
+  return LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealUNO, f, f, ""), nan, fast, "");
+}
+
+/* The bf16 in the high half of each lane. */
+static LLVMValueRef bf16_pack(E *e, LLVMValueRef bits) {
+  LLVMBuilderRef b = e->b;
+  if (e->avx512bw) {
+    LLVMValueRef args[2] = {LLVMBuildBitCast(b, bits, vec(e->ti16, 2 * W), ""), e->perm_pack};
+    LLVMValueRef p = call_intrinsic(e, "llvm.x86.avx512.permvar.hi.512", NULL, 0, args, 2);
+    LLVMValueRef lanes[W];
+    for (int i = 0; i < W; i++)
+      lanes[i] = LLVMConstInt(e->ti32, (unsigned)i, 0);
+    return LLVMBuildShuffleVector(b, p, LLVMGetUndef(LLVMTypeOf(p)), LLVMConstVector(lanes, W), "");
+  }
+  return LLVMBuildTrunc(b, LLVMBuildLShr(b, bits, ci32(e, 16), ""), vec(e->ti16, W), "");
 }
 
 static LLVMValueRef f32_to_bf16(E *e, LLVMValueRef f) {
-  LLVMBuilderRef b = e->b;
-  LLVMValueRef u = LLVMBuildBitCast(b, f, vec(e->ti32, W), "");
-  LLVMValueRef hi = LLVMBuildLShr(b, u, ci32(e, 16), "");
-  LLVMValueRef isnan = LLVMBuildICmp(b, LLVMIntUGT, LLVMBuildAnd(b, u, ci32(e, 0x7fffffff), ""), ci32(e, 0x7f800000), "");
-  LLVMValueRef nanv = LLVMBuildOr(b, LLVMBuildAnd(b, hi, ci32(e, 0x8000), ""), ci32(e, 0x7fc0), "");
-  LLVMValueRef r = LLVMBuildAdd(b, LLVMBuildAdd(b, u, ci32(e, 0x7fff), ""), LLVMBuildAnd(b, hi, ci32(e, 1), ""), "");
-  r = LLVMBuildLShr(b, r, ci32(e, 16), "");
-  return LLVMBuildTrunc(b, LLVMBuildSelect(b, isnan, nanv, r, ""), vec(e->ti16, W), "");
+  LLVMValueRef u = LLVMBuildBitCast(e->b, f, vec(e->ti32, W), "");
+  return bf16_pack(e, bf16_round_exact(e, f, bf16_round_bits(e, u)));
 }
 
 static LLVMValueRef f16_to_f32(E *e, LLVMValueRef h) {
@@ -346,13 +431,13 @@ static LLVMValueRef arith(E *e, Op op, LLVMValueRef *a) {
   case OP_ADD: return LLVMBuildFAdd(b, a[0], a[1], "");
   case OP_SUB: return LLVMBuildFSub(b, a[0], a[1], "");
   case OP_MUL: return LLVMBuildFMul(b, a[0], a[1], "");
-  case OP_DIV: return LLVMBuildFDiv(b, a[0], a[1], "");
+  case OP_DIV: if (getenv("OPTC_EXP_NODIV")) return LLVMBuildFMul(b, a[0], a[1], ""); return LLVMBuildFDiv(b, a[0], a[1], "");
   case OP_MIN: return max_nan(e, a[0], a[1], true);
   case OP_MAX: return max_nan(e, a[0], a[1], false);
   case OP_POW: return call_intrinsic(e, "llvm.pow", &vt, 1, a, 2);
   case OP_NEG: return LLVMBuildFNeg(b, a[0], "");
   case OP_ABS: return unary_intrinsic(e, "llvm.fabs", a[0]);
-  case OP_SQRT: return unary_intrinsic(e, "llvm.sqrt", a[0]);
+  case OP_SQRT: if (getenv("OPTC_EXP_NODIV")) return LLVMBuildFMul(b, a[0], a[0], ""); return unary_intrinsic(e, "llvm.sqrt", a[0]);
   case OP_RSQRT: return LLVMBuildFDiv(b, fconst(vt, 1.0), unary_intrinsic(e, "llvm.sqrt", a[0]), "");
   case OP_EXP: return unary_intrinsic(e, "llvm.exp", a[0]);
   case OP_LOG: return unary_intrinsic(e, "llvm.log", a[0]);
@@ -416,6 +501,15 @@ static LLVMValueRef operand(E *e, Ref r) {
   return e->val[r];
 }
 
+/* Operand r of instruction i: a step value's canonical-NaN copy where i is
+ * FL_CLEAN (a NaN's payload there is never seen, and a clean one keeps the
+ * holds after it fast). */
+static LLVMValueRef operand_of(E *e, Ref i, Ref r) {
+  if ((e->fl[i] & FL_CLEAN) && e->csplat[r])
+    return e->csplat[r];
+  return operand(e, r);
+}
+
 static LLVMRealPredicate fpred(Op op) {
   switch (op) {
   case OP_EQ: return LLVMRealOEQ;
@@ -477,8 +571,10 @@ static LLVMValueRef tailpos(E *e, LLVMValueRef regions) {
   LLVMValueRef lanes[W];
   for (int i = 0; i < W; i++)
     lanes[i] = LLVMConstInt(e->ti64, (unsigned long long)i, 0);
-  LLVMValueRef idx = LLVMBuildAdd(b, broadcast(e, LLVMBuildAdd(b, e->start, e->j, "")), LLVMConstVector(lanes, W), "");
   LLVMValueRef r = splat_const(LLVMConstInt(e->ti64, (unsigned long long)-1, 1), W);
+  if (e->no_tail)
+    return r;
+  LLVMValueRef idx = LLVMBuildAdd(b, broadcast(e, LLVMBuildAdd(b, e->start, e->j, "")), LLVMConstVector(lanes, W), "");
   for (int k = 1; k >= 0; k--) {
     LLVMValueRef t = broadcast(e, LLVMBuildExtractElement(b, regions, LLVMConstInt(e->ti32, (unsigned)(2 * k), 0), ""));
     LLVMValueRef end = broadcast(e, LLVMBuildExtractElement(b, regions, LLVMConstInt(e->ti32, (unsigned)(2 * k + 1), 0), ""));
@@ -486,6 +582,39 @@ static LLVMValueRef tailpos(E *e, LLVMValueRef regions) {
     r = LLVMBuildSelect(b, in, LLVMBuildSub(b, idx, t, ""), r, "");
   }
   return r;
+}
+
+/* cvt %v : bf16 (instruction i), the first half of a hold or a store's
+ * rounding. The bf16 bits are numerics.h's. A later cvt back to f32 takes
+ * the rounded f32 bits (rnd) instead of widening them again: the NaN case
+ * left out where the hold is FL_FAST. cvt(cvt(h : f32) : bf16) of a bf16 h
+ * whose NaNs are canonical is h itself. */
+static LLVMValueRef emit_round_bf16(E *e, Ref i, LLVMValueRef v, Type from) {
+  const Graph *g = e->g;
+  LLVMBuilderRef b = e->b;
+  const Ins *y = &g->ins[g->ins[i].args[0]];
+  if (y->op == OP_CVT && from == TY_F32 && g->ins[y->args[0]].type == TY_BF16 &&
+      (!in_body(&g->ins[y->args[0]]) || (e->fl[y->args[0]] & FL_CANON)))
+    return operand_of(e, i, y->args[0]);
+  LLVMValueRef f = from == TY_F64 ? LLVMBuildFPTrunc(b, v, vtype(e, TY_F32), "") : v;
+  LLVMValueRef fast = bf16_round_bits(e, LLVMBuildBitCast(b, f, vec(e->ti32, W), ""));
+  Ref a = g->ins[i].args[0];
+  LLVMValueRef exact;
+  if (in_body(&g->ins[a]) ? (e->fl[a] & FL_P) : (e->fl[i] & FL_CLEAN)) {
+    /* a NaN came through as itself: quiet it and clear its payload */
+    LLVMValueRef q;
+    if (e->avx512) { /* (fast & c1) | c2 in one vpternlogd, masked by the NaN test */
+      LLVMValueRef args[4] = {fast, ci32(e, 0xffc0ffffu), ci32(e, 0x00400000), LLVMConstInt(e->ti32, 0xea, 0)};
+      q = call_intrinsic(e, "llvm.x86.avx512.pternlog.d.512", NULL, 0, args, 4);
+    } else {
+      q = LLVMBuildOr(b, LLVMBuildAnd(b, fast, ci32(e, 0xffc0ffffu), ""), ci32(e, 0x00400000), "");
+    }
+    exact = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealUNO, f, f, ""), q, fast, "");
+  } else {
+    exact = bf16_round_exact(e, f, fast);
+  }
+  e->rnd[i] = (e->fl[i] & FL_FAST) ? fast : exact;
+  return bf16_pack(e, exact);
 }
 
 /* One instruction of the element computation, as W lanes. */
@@ -497,8 +626,15 @@ static LLVMValueRef emit_ins(E *e, Ref i) {
   LLVMValueRef a[3] = {0};
   Type at[3] = {TY_VOID, TY_VOID, TY_VOID};
   for (int k = 0; k < op_info[op].nargs; k++) {
-    a[k] = operand(e, x->args[k]);
+    a[k] = operand_of(e, i, x->args[k]);
     at[k] = (Type)e->g->ins[x->args[k]].type;
+  }
+  if (op == OP_LERP && e->lerp_w[i]) {
+    /* the weight is a step value: its branch of torch's lerp was chosen per chunk */
+    LLVMValueRef d = LLVMBuildFSub(b, a[1], a[0], "");
+    LLVMValueRef args[3] = {e->lerp_w[i], d, LLVMBuildSelect(b, e->lerp_lo[i], a[0], a[1], "")};
+    LLVMTypeRef vt = LLVMTypeOf(d);
+    return call_intrinsic(e, "llvm.fma", &vt, 1, args, 3);
   }
   switch (op_info[op].type_rule) {
   case TR_LEAF:
@@ -536,7 +672,14 @@ static LLVMValueRef emit_ins(E *e, Ref i) {
       return LLVMBuildNot(b, a[0], "");
     return op == OP_AND ? LLVMBuildAnd(b, a[0], a[1], "") : LLVMBuildOr(b, a[0], a[1], "");
   case TR_SELECT: return LLVMBuildSelect(b, a[0], a[1], a[2], "");
-  case TR_CVT: return convert(e, a[0], at[0], t);
+  case TR_CVT:
+    if (t == TY_BF16 && (at[0] == TY_F32 || at[0] == TY_F64))
+      return emit_round_bf16(e, i, a[0], at[0]);
+    if (at[0] == TY_BF16 && (t == TY_F32 || t == TY_F64) && e->rnd[x->args[0]]) {
+      LLVMValueRef f = LLVMBuildBitCast(b, e->rnd[x->args[0]], vtype(e, TY_F32), "");
+      return t == TY_F64 ? LLVMBuildFPExt(b, f, vtype(e, TY_F64), "") : f;
+    }
+    return convert(e, a[0], at[0], t);
   case TR_CVTSR: {
     LLVMValueRef bits = sr_bits(e, e->srkey[i]);
     return t == TY_BF16 ? f32_to_bf16_sr(e, a[0], bits) : f32_to_f16_sr(e, a[0], bits);
@@ -614,27 +757,310 @@ static LLVMValueRef accumulate(E *e, Ref r, LLVMValueRef acc) {
   return acc;
 }
 
-/* The loop body: W elements from j (masked in the tail). Loads come first,
- * so a load never sees a store of this step. Returns the new accumulators. */
-static void emit_body(E *e, LLVMValueRef *acc) {
+/* ---- NaN payloads, before a body is emitted (FL_*, above E) --------------------------- */
+
+static void analyze(E *e) {
   const Graph *g = e->g;
   const PlanPhase *ph = e->ph;
-  memset(e->val, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
-  for (Ref i = ph->lo; i < ph->hi; i++)
-    if (g->ins[i].op == OP_LOAD)
-      e->val[i] = load_vec(e, g->ins[i].buf);
+  uint8_t *fl = e->fl;
+  memset(fl, 0, (size_t)g->nins);
+  /* backward: which values' payloads a store or a reduction sees */
+  for (Ref i = ph->hi - 1; i >= ph->lo; i--) {
+    const Ins *x = &g->ins[i];
+    if (!in_body(x))
+      continue;
+    Type t = (Type)x->type;
+    int first = 0, last = -1; /* the operands whose payload this use passes on or sees */
+    switch (op_info[x->op].type_rule) {
+    case TR_STORE:
+      if (!is16((Type)g->bufs[x->buf].type))
+        last = 0;
+      break;
+    case TR_REDUCE: last = 0; break;
+    case TR_ARITH:
+      if ((fl[i] & FL_SENS) && !is16(t) && x->op != OP_SIGN)
+        last = op_info[x->op].nargs - 1;
+      break;
+    case TR_SELECT:
+      if (fl[i] & FL_SENS)
+        first = 1, last = 2;
+      break;
+    case TR_CVT: {
+      Type from = (Type)g->ins[x->args[0]].type;
+      /* to bf16: a hold whose result is seen rounds exactly, so its operand
+       * is not; f32/f64 and out of bf16: the payload goes through */
+      if ((fl[i] & FL_SENS) && type_is_float(from) && (t == TY_F32 || t == TY_F64) && from != TY_F16)
+        last = 0;
+      break;
+    }
+    default: break;
+    }
+    for (int k = first; k <= last; k++)
+      fl[x->args[k]] |= FL_SENS;
+  }
+  /* forward: clean NaNs, fast holds, canonical bf16 */
+  for (Ref i = ph->lo; i < ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (!in_body(x))
+      continue;
+    if (!(fl[i] & FL_SENS))
+      fl[i] |= FL_CLEAN;
+    Type t = (Type)x->type;
+    bool p = false;
+#define P_OF(r) (in_body(&g->ins[r]) ? (fl[r] & FL_P) != 0 : (fl[i] & FL_CLEAN) != 0)
+    switch (op_info[x->op].type_rule) {
+    case TR_LOAD: p = t == TY_BF16; break;
+    case TR_LEAF: p = true; break;
+    case TR_ARITH:
+      if (is16(t)) {
+        p = true; /* computed in f32 and rounded by numerics.h */
+      } else if (x->op == OP_SIGN) {
+        p = true;
+      } else if (!(op_info[x->op].flags & F_TRANSC)) {
+        p = true;
+        for (int k = 0; k < op_info[x->op].nargs; k++)
+          p &= P_OF(x->args[k]);
+      }
+      break;
+    case TR_SELECT: p = P_OF(x->args[1]) && P_OF(x->args[2]); break;
+    case TR_CVT: {
+      Ref a = x->args[0];
+      Type from = (Type)g->ins[a].type;
+      if (from == TY_BF16 || type_is_int(from) || is16(t))
+        p = true;
+      else if (from == TY_F16)
+        p = in_body(&g->ins[a]) ? (fl[a] & FL_CANON) != 0 : true;
+      else
+        p = P_OF(a);
+      if (t == TY_BF16 && (from == TY_F32 || from == TY_F64) && !(fl[i] & FL_SENS) && P_OF(a))
+        fl[i] |= FL_FAST;
+      break;
+    }
+    case TR_CVTSR: p = true; break;
+    default: break;
+    }
+#undef P_OF
+    if (p)
+      fl[i] |= FL_P;
+    bool canon = is16(t) && x->op != OP_LOAD;
+    if (x->op == OP_SELECT)
+      for (int k = 1; k <= 2; k++)
+        canon &= !in_body(&g->ins[x->args[k]]) || (fl[x->args[k]] & FL_CANON);
+    if (canon)
+      fl[i] |= FL_CANON;
+  }
+}
+
+/* The loop body: W elements from j (masked in the tail). Loads come first,
+ * so a load never sees a store of this step. Returns the new accumulators. */
+/* The instructions of one stage (0, 1, or -1 for all) for the vector at
+ * e->j. Loads are stage 0 and come first, so a load never sees a store of
+ * this step. */
+static void emit_stage(E *e, LLVMValueRef *acc, int stage) {
+  const Graph *g = e->g;
+  const PlanPhase *ph = e->ph;
+  if (stage <= 0)
+    for (Ref i = ph->lo; i < ph->hi; i++)
+      if (g->ins[i].op == OP_LOAD)
+        e->val[i] = load_vec(e, g->ins[i].buf);
   int nred = 0;
   for (Ref i = ph->lo; i < ph->hi; i++) {
     const Ins *x = &g->ins[i];
+    bool mine = stage < 0 || e->stage[i] == stage;
     if (x->op == OP_REDUCE) {
-      acc[nred] = accumulate(e, i, acc[nred]);
+      if (mine)
+        acc[nred] = accumulate(e, i, acc[nred]);
       nred++;
+    } else if (!mine) {
+      continue;
     } else if (x->op == OP_STORE) {
       store_vec(e, x->buf, operand(e, x->args[0]));
     } else if (x->op != OP_LOAD && x->scope != SCOPE_STEP) {
       e->val[i] = emit_ins(e, i);
     }
   }
+}
+
+static void forget(E *e) {
+  memset(e->val, 0, sizeof(LLVMValueRef) * (size_t)e->g->nins);
+  memset(e->rnd, 0, sizeof(LLVMValueRef) * (size_t)e->g->nins);
+}
+
+/* The whole body for the vector at e->j (masked where e->mask is set). */
+static void emit_body(E *e, LLVMValueRef *acc) {
+  forget(e);
+  emit_stage(e, acc, -1);
+}
+
+/* Splits the body in two stages: what a divide or a square root (a long
+ * latency, and the divider's throughput) depends on, and the rest. The
+ * pipelined loop runs the second stage of one vector beside the first of
+ * the next, so the core overlaps their chains without holding a whole
+ * vector's worth of waiting instructions in its scheduler. False when
+ * either stage would be empty. */
+static bool stages(E *e) {
+  const Graph *g = e->g;
+  const PlanPhase *ph = e->ph;
+  int n[2] = {0, 0};
+  memset(e->stage, 0, (size_t)g->nins);
+  e->ncross = 0;
+  for (Ref i = ph->lo; i < ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (!in_body(x))
+      continue;
+    bool late = x->op == OP_DIV || x->op == OP_SQRT || x->op == OP_RSQRT || x->op == OP_SQRT_MKL;
+    for (int k = 0; k < op_info[x->op].nargs; k++)
+      late |= in_body(&g->ins[x->args[k]]) && e->stage[x->args[k]];
+    e->stage[i] = late;
+    if (x->op != OP_LOAD)
+      n[late]++;
+  }
+  if (!n[0] || !n[1] || getenv("OPTC_NOPIPE"))
+    return false;
+  /* what the second stage reads of the first: operands, and the bf16 a
+   * rounding of a widening looks through (emit_round_bf16) */
+  uint8_t *seen = calloc((size_t)g->nins + 1, 1);
+  ASSERT(seen);
+  for (Ref i = ph->lo; i < ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (!in_body(x) || !e->stage[i])
+      continue;
+    for (int k = 0; k < op_info[x->op].nargs; k++) {
+      Ref r = x->args[k];
+      Ref rs[2] = {r, NOREF};
+      if (x->op == OP_CVT && g->ins[r].op == OP_CVT)
+        rs[1] = g->ins[r].args[0];
+      for (int q = 0; q < 2; q++)
+        if (rs[q] != NOREF && in_body(&g->ins[rs[q]]) && !e->stage[rs[q]] && !seen[rs[q]]) {
+          seen[rs[q]] = 1;
+          e->cross[e->ncross++] = rs[q];
+        }
+    }
+  }
+  free(seen);
+  return true;
+}
+
+/* A loop over the chunk's full vectors, from the current block; returns
+ * the first element it left (a multiple of W), with the accumulators in
+ * acc_out, valid in the block it ends in (left unterminated). Pipelined:
+ * stage 0 of vector 0; then per iteration stage 1 of vector k-1 and stage
+ * 0 of vector k, the values between them carried in phis; then stage 1 of
+ * the last vector. */
+static LLVMValueRef vec_loop(E *e, LLVMValueRef fn, LLVMValueRef len, bool piped, LLVMValueRef *acc_in,
+                             LLVMValueRef *acc_out) {
+  LLVMBuilderRef b = e->b;
+  LLVMContextRef c = e->c;
+  int nred = e->ph->nreds;
+  LLVMTypeRef vacc = vec(e->tf64, OPTC_REDUCE_LANES);
+  LLVMValueRef zero = LLVMConstInt(e->ti64, 0, 0), wv = LLVMConstInt(e->ti64, W, 0), one = LLVMConstInt(e->ti64, 1, 0);
+  LLVMBasicBlockRef pre = LLVMGetInsertBlock(b);
+  LLVMValueRef acc[16], accphi[16];
+  e->mask = NULL;
+  if (!piped) {
+    LLVMBasicBlockRef cond = LLVMAppendBasicBlockInContext(c, fn, "vec");
+    LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(c, fn, "vec.body");
+    LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(c, fn, "vec.exit");
+    LLVMBuildBr(b, cond);
+    LLVMPositionBuilderAtEnd(b, cond);
+    LLVMValueRef j = LLVMBuildPhi(b, e->ti64, "j");
+    for (int r = 0; r < nred; r++)
+      accphi[r] = LLVMBuildPhi(b, vacc, "acc");
+    LLVMValueRef jnext = LLVMBuildAdd(b, j, wv, "");
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, jnext, len, ""), body, exit);
+    LLVMPositionBuilderAtEnd(b, body);
+    e->j = j;
+    memcpy(acc, accphi, sizeof(LLVMValueRef) * (size_t)nred);
+    emit_body(e, acc);
+    LLVMBasicBlockRef body_end = LLVMGetInsertBlock(b);
+    LLVMBuildBr(b, cond);
+    LLVMAddIncoming(j, (LLVMValueRef[]){zero, jnext}, (LLVMBasicBlockRef[]){pre, body_end}, 2);
+    for (int r = 0; r < nred; r++)
+      LLVMAddIncoming(accphi[r], (LLVMValueRef[]){acc_in[r], acc[r]}, (LLVMBasicBlockRef[]){pre, body_end}, 2);
+    LLVMPositionBuilderAtEnd(b, exit);
+    memcpy(acc_out, accphi, sizeof(LLVMValueRef) * (size_t)nred);
+    return j;
+  }
+  int nx = e->ncross;
+  LLVMValueRef *xv = calloc((size_t)(4 * nx + 1), sizeof(LLVMValueRef));
+  ASSERT(xv);
+  LLVMValueRef *xr = xv + nx, *pv = xv + 2 * nx, *pr = xv + 3 * nx;
+  LLVMBasicBlockRef pro = LLVMAppendBasicBlockInContext(c, fn, "pipe.pro");
+  LLVMBasicBlockRef cond = LLVMAppendBasicBlockInContext(c, fn, "pipe");
+  LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(c, fn, "pipe.body");
+  LLVMBasicBlockRef epi = LLVMAppendBasicBlockInContext(c, fn, "pipe.epi");
+  LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(c, fn, "pipe.exit");
+  LLVMValueRef nvec = LLVMBuildSDiv(b, len, wv, "nvec");
+  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSGT, nvec, zero, ""), pro, exit);
+  /* prologue: stage 0 of vector 0 */
+  LLVMPositionBuilderAtEnd(b, pro);
+  forget(e);
+  e->j = zero;
+  memcpy(acc, acc_in, sizeof(LLVMValueRef) * (size_t)nred);
+  emit_stage(e, acc, 0);
+  for (int k = 0; k < nx; k++)
+    xv[k] = e->val[e->cross[k]], xr[k] = e->rnd[e->cross[k]];
+  LLVMBasicBlockRef pro_end = LLVMGetInsertBlock(b);
+  LLVMBuildBr(b, cond);
+  /* the loop: k is the vector whose stage 0 is next */
+  LLVMPositionBuilderAtEnd(b, cond);
+  LLVMValueRef kphi = LLVMBuildPhi(b, e->ti64, "k");
+  for (int k = 0; k < nx; k++) {
+    pv[k] = LLVMBuildPhi(b, LLVMTypeOf(xv[k]), "x");
+    LLVMAddIncoming(pv[k], &xv[k], &pro_end, 1);
+    pr[k] = xr[k] ? LLVMBuildPhi(b, LLVMTypeOf(xr[k]), "xr") : NULL;
+    if (xr[k])
+      LLVMAddIncoming(pr[k], &xr[k], &pro_end, 1);
+  }
+  for (int r = 0; r < nred; r++) {
+    accphi[r] = LLVMBuildPhi(b, vacc, "acc");
+    LLVMAddIncoming(accphi[r], &acc[r], &pro_end, 1);
+  }
+  LLVMValueRef jprev = LLVMBuildMul(b, LLVMBuildSub(b, kphi, one, ""), wv, "");
+  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, kphi, nvec, ""), body, epi);
+  LLVMPositionBuilderAtEnd(b, body);
+  forget(e);
+  for (int k = 0; k < nx; k++)
+    e->val[e->cross[k]] = pv[k], e->rnd[e->cross[k]] = pr[k];
+  memcpy(acc, accphi, sizeof(LLVMValueRef) * (size_t)nred);
+  e->j = jprev;
+  emit_stage(e, acc, 1);
+  forget(e);
+  e->j = LLVMBuildMul(b, kphi, wv, "");
+  emit_stage(e, acc, 0);
+  LLVMBasicBlockRef body_end = LLVMGetInsertBlock(b);
+  LLVMValueRef knext = LLVMBuildAdd(b, kphi, one, "");
+  LLVMAddIncoming(kphi, (LLVMValueRef[]){one, knext}, (LLVMBasicBlockRef[]){pro_end, body_end}, 2);
+  for (int k = 0; k < nx; k++) {
+    LLVMValueRef v = e->val[e->cross[k]], r = e->rnd[e->cross[k]];
+    LLVMAddIncoming(pv[k], &v, &body_end, 1);
+    ASSERT(!pr[k] == !r);
+    if (r)
+      LLVMAddIncoming(pr[k], &r, &body_end, 1);
+  }
+  for (int r = 0; r < nred; r++)
+    LLVMAddIncoming(accphi[r], &acc[r], &body_end, 1);
+  LLVMBuildBr(b, cond);
+  /* epilogue: stage 1 of the last vector */
+  LLVMPositionBuilderAtEnd(b, epi);
+  forget(e);
+  for (int k = 0; k < nx; k++)
+    e->val[e->cross[k]] = pv[k], e->rnd[e->cross[k]] = pr[k];
+  memcpy(acc, accphi, sizeof(LLVMValueRef) * (size_t)nred);
+  e->j = jprev;
+  emit_stage(e, acc, 1);
+  LLVMValueRef jend = LLVMBuildMul(b, nvec, wv, "");
+  LLVMBasicBlockRef epi_end = LLVMGetInsertBlock(b);
+  LLVMBuildBr(b, exit);
+  LLVMPositionBuilderAtEnd(b, exit);
+  LLVMValueRef j = LLVMBuildPhi(b, e->ti64, "j");
+  LLVMAddIncoming(j, (LLVMValueRef[]){zero, jend}, (LLVMBasicBlockRef[]){pre, epi_end}, 2);
+  for (int r = 0; r < nred; r++) {
+    acc_out[r] = LLVMBuildPhi(b, vacc, "acc");
+    LLVMAddIncoming(acc_out[r], (LLVMValueRef[]){acc_in[r], acc[r]}, (LLVMBasicBlockRef[]){pre, epi_end}, 2);
+  }
+  free(xv);
+  return j;
 }
 
 static LLVMValueRef combine_lanes(E *e, LLVMValueRef acc, RedKind k) {
@@ -667,6 +1093,63 @@ static LLVMValueRef load_scalar(E *e, LLVMValueRef base, LLVMValueRef index, Typ
   return LLVMBuildLoad2(e->b, scalar_type(e, t), p, "");
 }
 
+/* vpermw's word indices (pack: the high word of each lane, to the low half;
+ * widen: word i to the high half of lane i) and its zeroing mask (the odd
+ * words), as globals of the module: loaded once per call. */
+static void load_perms(E *e) {
+  LLVMTypeRef vw = vec(e->ti16, 2 * W);
+  LLVMValueRef pack[2 * W], widen[2 * W];
+  for (int i = 0; i < 2 * W; i++) {
+    pack[i] = LLVMConstInt(e->ti16, (unsigned)(2 * (i % W) + 1), 0);
+    widen[i] = LLVMConstInt(e->ti16, (unsigned)(i / 2), 0);
+  }
+  struct { const char *name; LLVMTypeRef t; LLVMValueRef init; LLVMValueRef *out; } gl[] = {
+      {"optc_bf16_pack", vw, LLVMConstVector(pack, 2 * W), &e->perm_pack},
+      {"optc_bf16_widen", vw, LLVMConstVector(widen, 2 * W), &e->perm_widen},
+      {"optc_bf16_odd", e->ti32, LLVMConstInt(e->ti32, 0xaaaaaaaau, 0), &e->odd_words},
+  };
+  for (size_t k = 0; k < ARRAY_LEN(gl); k++) {
+    LLVMValueRef v = LLVMGetNamedGlobal(e->m, gl[k].name);
+    if (!v) {
+      v = LLVMAddGlobal(e->m, gl[k].t, gl[k].name);
+      LLVMSetInitializer(v, gl[k].init);
+      LLVMSetAlignment(v, 64);
+    }
+    *gl[k].out = LLVMBuildLoad2(e->b, gl[k].t, v, gl[k].name);
+  }
+  e->odd_words = LLVMBuildBitCast(e->b, e->odd_words, vec(e->ti1, 2 * W), "");
+}
+
+/* A step value with any NaN made the canonical quiet one of its sign. */
+static LLVMValueRef canonical_nan(E *e, LLVMValueRef s) {
+  LLVMBuilderRef b = e->b;
+  bool d = LLVMTypeOf(s) == e->tf64;
+  LLVMTypeRef it = d ? e->ti64 : e->ti32;
+  LLVMValueRef u = LLVMBuildBitCast(b, s, it, "");
+  LLVMValueRef sign = LLVMBuildAnd(b, u, LLVMConstInt(it, d ? 0x8000000000000000ull : 0x80000000u, 0), "");
+  LLVMValueRef q = LLVMBuildOr(b, sign, LLVMConstInt(it, d ? 0x7ff8000000000000ull : 0x7fc00000u, 0), "");
+  return LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealUNO, s, s, ""), LLVMBuildBitCast(b, q, LLVMTypeOf(s), ""), s, "");
+}
+
+/* Whether the chunk meets a remainder region of any tailpos in the phase
+ * (an i1), or NULL when the phase has none. */
+static LLVMValueRef chunk_hit(E *e, LLVMValueRef len) {
+  LLVMBuilderRef b = e->b;
+  LLVMValueRef lo = e->start, hi = LLVMBuildAdd(b, lo, len, "");
+  LLVMValueRef hit = NULL;
+  for (Ref i = e->ph->lo; i < e->ph->hi; i++) {
+    if (e->g->ins[i].op != OP_TAILPOS)
+      continue;
+    for (int k = 0; k < 2; k++) {
+      LLVMValueRef t = LLVMBuildExtractElement(b, e->tail[i], LLVMConstInt(e->ti32, (unsigned)(2 * k), 0), "");
+      LLVMValueRef end = LLVMBuildExtractElement(b, e->tail[i], LLVMConstInt(e->ti32, (unsigned)(2 * k + 1), 0), "");
+      LLVMValueRef in = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSLT, lo, end, ""), LLVMBuildICmp(b, LLVMIntSGT, hi, t, ""), "");
+      hit = hit ? LLVMBuildOr(b, hit, in, "") : in;
+    }
+  }
+  return hit;
+}
+
 static void emit_phase(E *e, int k) {
   const Graph *g = e->g;
   LLVMContextRef c = e->c;
@@ -693,7 +1176,6 @@ static void emit_phase(E *e, int k) {
   LLVMBasicBlockRef chunk_cond = LLVMAppendBasicBlockInContext(c, fn, "chunk");
   LLVMBasicBlockRef chunk_body = LLVMAppendBasicBlockInContext(c, fn, "chunk.body");
   LLVMBasicBlockRef vec_cond = LLVMAppendBasicBlockInContext(c, fn, "vec");
-  LLVMBasicBlockRef vec_body = LLVMAppendBasicBlockInContext(c, fn, "vec.body");
   LLVMBasicBlockRef tail_check = LLVMAppendBasicBlockInContext(c, fn, "tail.check");
   LLVMBasicBlockRef tail = LLVMAppendBasicBlockInContext(c, fn, "tail");
   LLVMBasicBlockRef chunk_end = LLVMAppendBasicBlockInContext(c, fn, "chunk.end");
@@ -711,6 +1193,13 @@ static void emit_phase(E *e, int k) {
         e->scalar[r] = load_scalar(e, step, LLVMConstInt(e->ti64, (unsigned long long)r, 0), (Type)y->type);
     }
   }
+  analyze(e);
+  if (e->avx512bw)
+    load_perms(e);
+  memset(e->cscalar, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
+  for (int r = 0; r < g->nins; r++)
+    if (e->scalar[r] && (g->ins[r].type == TY_F32 || g->ins[r].type == TY_F64))
+      e->cscalar[r] = canonical_nan(e, e->scalar[r]);
   LLVMBuildBr(b, chunk_cond);
 
   /* for each chunk */
@@ -738,9 +1227,14 @@ static void emit_phase(E *e, int k) {
   (void)flat;
   /* per chunk: splats of step values, tensor-scope reductions, SR keys */
   memset(e->splat, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
-  for (int r = 0; r < g->nins; r++)
+  memset(e->csplat, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
+  memset(e->lerp_w, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
+  for (int r = 0; r < g->nins; r++) {
     if (e->scalar[r])
       e->splat[r] = broadcast(e, e->scalar[r]);
+    if (e->cscalar[r])
+      e->csplat[r] = broadcast(e, e->cscalar[r]);
+  }
   LLVMValueRef trow = LLVMBuildMul(b, LLVMBuildZExt(b, tensor, e->ti64, ""), LLVMConstInt(e->ti64, (unsigned)g->nins, 0), "");
   for (Ref i = ph->lo; i < ph->hi; i++) {
     const Ins *x = &g->ins[i];
@@ -755,33 +1249,60 @@ static void emit_phase(E *e, int k) {
       e->srkey[i] = sr_key(e, e->scalar[x->args[1]], e->scalar[x->args[2]], tensor);
     if (x->op == OP_TAILPOS)
       e->tail[i] = tail_regions(e, e->scalar[x->args[0]], e->scalar[x->args[1]], numel);
+    if (x->op == OP_LERP && (x->type == TY_F32 || x->type == TY_F64) && e->scalar[x->args[2]]) {
+      /* torch's lerp picks its formula by |w| < 0.5: once per chunk for a step w */
+      LLVMValueRef w = (e->fl[i] & FL_CLEAN) ? e->cscalar[x->args[2]] : e->scalar[x->args[2]];
+      LLVMTypeRef st = LLVMTypeOf(w);
+      LLVMValueRef lo = LLVMBuildAnd(b, LLVMBuildFCmp(b, LLVMRealOLT, w, LLVMConstReal(st, 0.5), ""),
+                                     LLVMBuildFCmp(b, LLVMRealOGT, w, LLVMConstReal(st, -0.5), ""), "");
+      e->lerp_lo[i] = broadcast(e, lo);
+      e->lerp_w[i] = broadcast(e, LLVMBuildSelect(b, lo, w, LLVMBuildFSub(b, w, LLVMConstReal(st, 1.0), ""), ""));
+    }
   }
   LLVMBuildBr(b, vec_cond);
 
-  /* full vectors */
+  /* full vectors, then the last len % W elements masked */
   int nred = ph->nreds;
-  LLVMValueRef acc0[16], acc_phi[16], acc_body[16], acc_tail[16];
+  LLVMValueRef acc0[16], acc_v[16], acc_g[16], acc_tc[16], acc_tail[16];
   ASSERT(nred <= 16);
   LLVMTypeRef vacc = vec(e->tf64, OPTC_REDUCE_LANES);
   for (int r = 0; r < nred; r++)
     acc0[r] = fconst(vacc, red_is_max((RedKind)g->ins[ph->reds[r]].red) ? -1.0 / 0.0 : 0.0);
   LLVMPositionBuilderAtEnd(b, vec_cond);
-  LLVMValueRef jphi = LLVMBuildPhi(b, e->ti64, "j");
-  for (int r = 0; r < nred; r++)
-    acc_phi[r] = LLVMBuildPhi(b, vacc, "acc");
-  LLVMValueRef jnext = LLVMBuildAdd(b, jphi, LLVMConstInt(e->ti64, W, 0), "");
-  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, jnext, len, ""), vec_body, tail_check);
+  bool piped = stages(e);
+  LLVMValueRef jv, jg = NULL;
+  LLVMBasicBlockRef from_v, from_g = NULL;
+  LLVMValueRef hit = chunk_hit(e, len);
+  if (hit) {
+    /* A chunk in none of torch's loop remainders (almost every chunk of a
+     * large tensor) has tailpos -1 in every lane: a loop of its own, with
+     * that folded in. */
+    LLVMBasicBlockRef plain = LLVMAppendBasicBlockInContext(c, fn, "vec.plain");
+    LLVMBasicBlockRef mixed = LLVMAppendBasicBlockInContext(c, fn, "vec.tailpos");
+    LLVMBuildCondBr(b, hit, mixed, plain);
+    LLVMPositionBuilderAtEnd(b, mixed);
+    jg = vec_loop(e, fn, len, false, acc0, acc_g);
+    from_g = LLVMGetInsertBlock(b);
+    LLVMBuildBr(b, tail_check);
+    LLVMPositionBuilderAtEnd(b, plain);
+    e->no_tail = true;
+  }
+  jv = vec_loop(e, fn, len, piped, acc0, acc_v);
+  e->no_tail = false;
+  from_v = LLVMGetInsertBlock(b);
+  LLVMBuildBr(b, tail_check);
 
-  LLVMPositionBuilderAtEnd(b, vec_body);
-  e->j = jphi;
-  e->mask = NULL;
-  memcpy(acc_body, acc_phi, sizeof(LLVMValueRef) * (size_t)nred);
-  emit_body(e, acc_body);
-  LLVMBasicBlockRef vec_body_end = LLVMGetInsertBlock(b);
-  LLVMBuildBr(b, vec_cond);
-
-  /* the last len % W elements, masked */
   LLVMPositionBuilderAtEnd(b, tail_check);
+  LLVMValueRef jphi = LLVMBuildPhi(b, e->ti64, "j.tail");
+  LLVMAddIncoming(jphi, &jv, &from_v, 1);
+  if (jg)
+    LLVMAddIncoming(jphi, &jg, &from_g, 1);
+  for (int r = 0; r < nred; r++) {
+    acc_tc[r] = LLVMBuildPhi(b, vacc, "acc.tail");
+    LLVMAddIncoming(acc_tc[r], &acc_v[r], &from_v, 1);
+    if (jg)
+      LLVMAddIncoming(acc_tc[r], &acc_g[r], &from_g, 1);
+  }
   LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, jphi, len, ""), tail, chunk_end);
   LLVMPositionBuilderAtEnd(b, tail);
   LLVMValueRef lanes[W];
@@ -790,8 +1311,9 @@ static void emit_phase(E *e, int k) {
   LLVMValueRef rem = broadcast(e, LLVMBuildSub(b, len, jphi, ""));
   e->mask = LLVMBuildICmp(b, LLVMIntSLT, LLVMConstVector(lanes, W), rem, "mask");
   e->j = jphi;
-  memcpy(acc_tail, acc_phi, sizeof(LLVMValueRef) * (size_t)nred);
+  memcpy(acc_tail, acc_tc, sizeof(LLVMValueRef) * (size_t)nred);
   emit_body(e, acc_tail);
+  e->mask = NULL;
   LLVMBasicBlockRef tail_end = LLVMGetInsertBlock(b);
   LLVMBuildBr(b, chunk_end);
 
@@ -799,7 +1321,7 @@ static void emit_phase(E *e, int k) {
   LLVMPositionBuilderAtEnd(b, chunk_end);
   for (int r = 0; r < nred; r++) {
     LLVMValueRef fin = LLVMBuildPhi(b, vacc, "");
-    LLVMValueRef vals[2] = {acc_phi[r], acc_tail[r]};
+    LLVMValueRef vals[2] = {acc_tc[r], acc_tail[r]};
     LLVMBasicBlockRef from[2] = {tail_check, tail_end};
     LLVMAddIncoming(fin, vals, from, 2);
     LLVMValueRef partial = combine_lanes(e, fin, (RedKind)g->ins[ph->reds[r]].red);
@@ -813,9 +1335,6 @@ static void emit_phase(E *e, int k) {
   /* the phis' incoming edges, now that every block exists */
   LLVMValueRef zero = LLVMConstInt(e->ti64, 0, 0);
   LLVMAddIncoming(ci, (LLVMValueRef[]){zero, cnext}, (LLVMBasicBlockRef[]){entry, chunk_end}, 2);
-  LLVMAddIncoming(jphi, (LLVMValueRef[]){zero, jnext}, (LLVMBasicBlockRef[]){chunk_body, vec_body_end}, 2);
-  for (int r = 0; r < nred; r++)
-    LLVMAddIncoming(acc_phi[r], (LLVMValueRef[]){acc0[r], acc_body[r]}, (LLVMBasicBlockRef[]){chunk_body, vec_body_end}, 2);
 
   LLVMPositionBuilderAtEnd(b, exit);
   LLVMBuildRetVoid(b);
@@ -824,7 +1343,8 @@ static void emit_phase(E *e, int k) {
 LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *features) {
   const Plan *p = g->plan;
   ASSERT(p);
-  E e = {.c = c, .g = g, .avx512 = features && strstr(features, "+avx512f")};
+  E e = {.c = c, .g = g, .avx512 = features && strstr(features, "+avx512f"),
+         .avx512bw = features && strstr(features, "+avx512f") && strstr(features, "+avx512bw")};
   e.m = LLVMModuleCreateWithNameInContext("optc", c);
   e.b = LLVMCreateBuilderInContext(c);
   e.tvoid = LLVMVoidTypeInContext(c);
@@ -843,7 +1363,16 @@ LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *fea
   e.srkey = calloc(n, sizeof(LLVMValueRef));
   e.tail = calloc(n, sizeof(LLVMValueRef));
   e.bufptr = calloc((size_t)g->nbufs + 1, sizeof(LLVMValueRef));
+  e.cscalar = calloc(n, sizeof(LLVMValueRef));
+  e.csplat = calloc(n, sizeof(LLVMValueRef));
+  e.rnd = calloc(n, sizeof(LLVMValueRef));
+  e.lerp_w = calloc(n, sizeof(LLVMValueRef));
+  e.lerp_lo = calloc(n, sizeof(LLVMValueRef));
+  e.fl = calloc(n, 1);
+  e.stage = calloc(n, 1);
+  e.cross = calloc(n, sizeof(Ref));
   ASSERT(e.val && e.scalar && e.tscalar && e.splat && e.srkey && e.tail && e.bufptr);
+  ASSERT(e.cscalar && e.csplat && e.rnd && e.lerp_w && e.lerp_lo && e.fl && e.stage && e.cross);
   for (int k = 0; k < p->nphases; k++) {
     e.ph = &p->phases[k];
     emit_phase(&e, k);
@@ -855,6 +1384,14 @@ LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *fea
   free(e.srkey);
   free(e.tail);
   free(e.bufptr);
+  free(e.cscalar);
+  free(e.csplat);
+  free(e.rnd);
+  free(e.lerp_w);
+  free(e.lerp_lo);
+  free(e.fl);
+  free(e.stage);
+  free(e.cross);
   LLVMDisposeBuilder(e.b);
   char *msg = NULL;
   if (LLVMVerifyModule(e.m, LLVMReturnStatusAction, &msg)) {

@@ -52,7 +52,9 @@ typedef struct {
 /* x86 CPUs LLVM knows by name that have AVX-512F. A CPU named without
  * features gets "+avx512f" spelled out, so that the emitter, which reads the
  * feature string, uses AVX-512 instructions (VRSQRT14PS) where the CPU has
- * them; LLVM's C API has no query for what a CPU name implies. */
+ * them; LLVM's C API has no query for what a CPU name implies. All but the
+ * Xeon Phis (knl, knm) also have AVX-512BW, which the emitter's bf16
+ * conversions use (VPERMW). */
 static const char *const avx512_cpus[] = {
     "knl", "knm", "skylake-avx512", "skx", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
     "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids", "graniterapids",
@@ -62,7 +64,7 @@ static const char *const avx512_cpus[] = {
 static char *named_cpu_features(const char *cpu) {
   for (size_t i = 0; i < ARRAY_LEN(avx512_cpus); i++)
     if (strcmp(avx512_cpus[i], cpu) == 0)
-      return LLVMCreateMessage("+avx512f");
+      return LLVMCreateMessage(i < 2 ? "+avx512f" : "+avx512f,+avx512bw");
   return LLVMCreateMessage("");
 }
 

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""The hot loops of `optc --emit=asm` output, and their instructions per element.
+
+Reads the assembly on stdin. A loop is a label that a later conditional or
+unconditional jump in the same function jumps back to; its body is the
+instructions from the label to that jump (the last such jump), inner labels
+included. For each function (optc_phaseN) it prints, of the innermost loops
+(no other loop starts inside), the one with the most vector (zmm/ymm)
+instructions, the body's instruction count, the vector width
+in f32 lanes (16 for zmm, 8 for ymm) and instructions per element:
+
+    optc_phase1: loop .LBB1_11: 120 instructions, 16 lanes, 7.50 per element
+
+With --max F, exits 1 when a phase's figure is above F (--phase N: only that
+phase).
+"""
+import argparse
+import re
+import sys
+
+
+def loops(lines):
+    fn, body = None, []
+    funcs = {}
+    for ln in lines:
+        m = re.match(r"^(optc_phase\d+):", ln)
+        if m:
+            fn = m.group(1)
+            funcs[fn] = body = []
+            continue
+        if fn:
+            body.append(ln.rstrip())
+    for fn, body in funcs.items():
+        labels = {}
+        for i, ln in enumerate(body):
+            m = re.match(r"^(\.LBB\d+_\d+):", ln)
+            if m:
+                labels[m.group(1)] = i
+        spans = {}  # loop label -> (start, last backward jump)
+        for i, ln in enumerate(body):
+            m = re.match(r"^\s+j\w+\s+(\.LBB\d+_\d+)", ln)
+            if m and m.group(1) in labels and labels[m.group(1)] < i:
+                spans[m.group(1)] = (labels[m.group(1)], i)
+        best = None
+        for label, (lo, hi) in spans.items():
+            # innermost only: no other loop starts inside this one
+            if any(lo < lo2 <= hi for l2, (lo2, _) in spans.items() if l2 != label):
+                continue
+            insns = [x for x in body[lo + 1:hi + 1] if x.startswith("\t") and not x.lstrip().startswith(".")]
+            vec = sum(("%zmm" in x or "%ymm" in x) for x in insns)
+            if best is None or vec > best[2]:
+                best = (label, insns, vec)
+        if best:
+            lanes = 16 if any("%zmm" in x for x in best[1]) else 8
+            yield fn, best[0], len(best[1]), lanes
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--max", type=float)
+    ap.add_argument("--phase", type=int)
+    a = ap.parse_args()
+    bad = False
+    found = False
+    for fn, label, n, lanes in loops(sys.stdin.read().splitlines()):
+        if a.phase is not None and fn != f"optc_phase{a.phase}":
+            continue
+        found = True
+        per = n / lanes
+        print(f"{fn}: loop {label}: {n} instructions, {lanes} lanes, {per:.2f} per element")
+        if a.max is not None and per > a.max:
+            print(f"{fn}: {per:.2f} instructions per element is above {a.max}")
+            bad = True
+    if not found:
+        print("no loop found")
+        return 1
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
