@@ -14,6 +14,7 @@
  * of the optimizer states; the step's bits do not depend on the world size
  * given the same summed gradients. */
 #include "../compiler/passes.h"
+#include "blas.h"
 #include "coll.h"
 #include "data.h"
 #include "rt.h"
@@ -47,6 +48,7 @@ typedef struct {
   Fsdp f;
   L4Config cfg;
   L4Model *model;
+  ThreadPool *pool; /* the model's phases; the BLAS runs single-threaded inside them */
   int ntensors;
   L4Tensor *tensors;
   float **p32, **g32;  /* (ntensors) the model's views: into f.params/f.grads when fp32, else working copies */
@@ -617,7 +619,13 @@ static int setup(Trainer *t) {
     return -1;
   bind_model(t);
   int threads = MAX(1, pool_default_threads() / t->world);
-  openblas_set_num_threads(threads);
+  /* the model's matmuls and loops on optc's pool, each BLAS call on one
+   * thread (blas_init): no BLAS threads spinning between calls */
+  t->pool = pool_create(threads);
+  if (!t->pool || l4_set_pool(t->model, t->pool) != 0) {
+    error("cannot start %d threads for the model", threads);
+    return -1;
+  }
   if (executor_init(&t->ex, t->compiled ? BACKEND_CPU : BACKEND_EAGER, t->g, t->unopt, threads, NULL) != 0)
     return -1;
   t->inputs = calloc((size_t)t->g->nins + 1, sizeof(double));
@@ -744,6 +752,7 @@ int train_run(Recipe *r, Coll *coll, const TrainOptions *opt, TrainResult *out) 
     fprintf(stderr, "optc run: %s, %ld parameters in %d tensors, %d rank%s, optimizer %s (%s)\n", r->path,
             (long)l4_param_count(&t.cfg), t.ntensors, t.world, t.world == 1 ? "" : "s", r->component,
             t.compiled ? "compiled" : "eager");
+    fprintf(stderr, "  %s\n", blas_describe(pool_size(t.pool)));
     fprintf(stderr, "  data: %s\n  %ld steps of %ld micro-batches x %ld rows x %d ranks; %ld steps per epoch\n", d.data,
             last - t.step, r->gradient_accumulation_steps, r->batch_size, t.world, t.steps_per_epoch);
     buf_free(&d);
@@ -831,6 +840,8 @@ out:
     fclose(metrics);
   if (t.model)
     l4_free(t.model);
+  if (t.pool)
+    pool_free(t.pool);
   if (t.train)
     dataloader_free(t.train);
   if (t.heldout)

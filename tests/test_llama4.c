@@ -11,6 +11,9 @@
  * 3. Accumulation, float against double gradients, all-ignored batches
  *    (Scout- and Maverick-shaped), rejected dims, Scout's and Maverick's
  *    tensor tables.
+ * 4. Threads: on pools of 2 and 3 threads the loss and every gradient are
+ *    the bits of the caller's thread alone, float and double, on batches of
+ *    several row blocks, split experts and output-head blocks.
  * Then one timed forward+backward, printed, never asserted.
  * Exits 0 when every check passes. */
 #include <math.h>
@@ -20,6 +23,8 @@
 #include <time.h>
 
 #include "llama4.h"
+#include "blas.h"
+#include "rt.h" /* the thread pool */
 
 double l4_naive_loss(const L4Config *c, int ntensors, const char *const *names,
                      const double *const *params, const int32_t *tokens,
@@ -591,6 +596,103 @@ static void contract_checks(Batches *bb) {
   }
 }
 
+/* ---- 4. threads ---------------------------------------------------------------------------- */
+/* One forward+backward of config c on a B x T batch (positions restarting
+ * in the middle of each row, so segments and chunks matter) with a pool of
+ * `threads` (0: none); the loss and the float (or double) gradients. */
+typedef struct {
+  double loss;
+  int n;
+  float **gf;
+  double **gd;
+} ThreadRun;
+
+static ThreadRun thread_run(const L4Config *c, Params *P, int B, int T, int threads, int f64) {
+  char err[256];
+  L4Model *m = f64 ? l4_create_f64(c, B, T, err, sizeof err) : l4_create(c, B, T, err, sizeof err);
+  CHECK(m, "%s", err);
+  ThreadRun r = {0};
+  if (!m) return r;
+  ThreadPool *pool = threads ? pool_create(threads) : NULL;
+  CHECK(l4_set_pool(m, pool) == 0, "l4_set_pool failed");
+  int n = B * T;
+  int32_t *tok = xcalloc((size_t)n, sizeof(int32_t)), *tgt = xcalloc((size_t)n, sizeof(int32_t));
+  int32_t *pos = xcalloc((size_t)n, sizeof(int32_t)), *seg = xcalloc((size_t)n, sizeof(int32_t));
+  uint64_t keep = rng_state;
+  rng_state = 99; /* the same batch for every run */
+  for (int i = 0; i < n; i++) {
+    int t = i % T, cut = T / 2 + 3;
+    tok[i] = rng_int(c->vocab_size);
+    tgt[i] = rng_int(5) == 0 ? -100 : rng_int(c->vocab_size);
+    seg[i] = t < cut ? 0 : 1;
+    pos[i] = t < cut ? t : t - cut;
+  }
+  rng_state = keep;
+  L4Batch b = {.tokens = tok, .targets = tgt, .positions = pos, .segments = seg, .B = B, .T = T};
+  r.n = P->n;
+  if (f64) {
+    r.gd = xcalloc((size_t)P->n, sizeof(double *));
+    for (int i = 0; i < P->n; i++) r.gd[i] = xcalloc((size_t)P->t[i].numel, sizeof(double));
+    r.loss = l4_run_f64(m, P->p, r.gd, &b, NULL);
+  } else {
+    r.gf = xcalloc((size_t)P->n, sizeof(float *));
+    for (int i = 0; i < P->n; i++) r.gf[i] = xcalloc((size_t)P->t[i].numel, sizeof(float));
+    r.loss = l4_run(m, P->pf, r.gf, &b, NULL);
+  }
+  l4_free(m);
+  pool_free(pool);
+  free(tok), free(tgt), free(pos), free(seg);
+  return r;
+}
+
+static void thread_run_free(ThreadRun *r) {
+  for (int i = 0; i < r->n; i++) {
+    if (r->gf) free(r->gf[i]);
+    if (r->gd) free(r->gd[i]);
+  }
+  free(r->gf), free(r->gd);
+}
+
+static void thread_case(const char *label, L4Config c, int B, int T) {
+  Params P = params_create(&c, 0.05);
+  for (int f64 = 0; f64 < 2; f64++) {
+    ThreadRun base = thread_run(&c, &P, B, T, 0, f64);
+    for (int threads = 2; threads <= 3; threads++) {
+      ThreadRun r = thread_run(&c, &P, B, T, threads, f64);
+      size_t differ = 0;
+      const char *where = "";
+      for (int i = 0; i < P.n && base.n; i++) {
+        size_t k = (size_t)P.t[i].numel * (f64 ? sizeof(double) : sizeof(float));
+        const void *x = f64 ? (const void *)base.gd[i] : (const void *)base.gf[i];
+        const void *y = f64 ? (const void *)r.gd[i] : (const void *)r.gf[i];
+        if (memcmp(x, y, k)) differ++, where = P.t[i].name;
+      }
+      printf("  %s, %s, %d threads: loss %.9g (alone %.9g), %zu tensors' gradients differ\n", label,
+             f64 ? "f64" : "f32", threads, r.loss, base.loss, differ);
+      CHECK(r.loss == base.loss && differ == 0, "%s (%s): %d threads differ from one (%s)", label,
+            f64 ? "f64" : "f32", threads, where);
+      thread_run_free(&r);
+    }
+    thread_run_free(&base);
+  }
+  params_free(&P);
+}
+
+static void thread_checks(void) {
+  printf("threads:\n");
+  /* 4 x 80 tokens: five row blocks, experts of more than a block */
+  L4Config c = small_config();
+  c.num_experts = 3, c.attention_chunk_size = 16;
+  thread_case("Scout-shaped, 320 tokens", c, 4, 80);
+  L4Config d = maverick_config();
+  d.num_experts = 2;
+  thread_case("Maverick-shaped, 320 tokens", d, 4, 80);
+  /* a vocabulary whose logits come in blocks of 64 rows */
+  L4Config v = small_config();
+  v.vocab_size = 70000;
+  thread_case("V = 70000, head blocks of 64 rows", v, 2, 100);
+}
+
 /* ---- timing (printed, never asserted) ----------------------------------------------------- */
 static double now(void) {
   struct timespec ts;
@@ -598,7 +700,7 @@ static double now(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void timing(int moe_every) {
+static void timing(int moe_every, int threads) {
   L4Config c = l4_config_scout();
   c.vocab_size = 259, c.num_layers = 4, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 16;
   c.embed_dim = 64, c.hidden_dim = 64, c.shared_hidden_dim = 64, c.num_experts = 16;
@@ -608,6 +710,8 @@ static void timing(int moe_every) {
   L4Model *m = l4_create(&c, B, T, err, sizeof err);
   CHECK(m, "%s", err);
   if (!m) return;
+  ThreadPool *pool = threads > 1 ? pool_create(threads) : NULL;
+  l4_set_pool(m, pool);
   Params P = params_create(&c, 0.02);
   int32_t *tok = xcalloc(B * T, sizeof(int32_t)), *tgt = xcalloc(B * T, sizeof(int32_t));
   for (int i = 0; i < B * T; i++) tok[i] = rng_int(259), tgt[i] = rng_int(259);
@@ -620,13 +724,14 @@ static void timing(int moe_every) {
   double t1 = now();
   for (int r = 0; r < reps; r++) l4_forward(m, P.pf, tok, tgt, B, T, &nt);
   double df = (now() - t1) / reps;
-  printf("timing: D=64 L=4 E=16 H=64 %sV=259 B=%d T=%d (%lld params, %.1f MiB workspace): "
+  printf("timing: D=64 L=4 E=16 H=64 %sV=259 B=%d T=%d (%lld params, %.1f MiB workspace), %d thread%s: "
          "forward+backward %.2f ms (%.0f tokens/s), forward %.2f ms, loss/token %.4f\n",
-         moe_every > 1 ? "Hm=128 (layers 0, 2 dense) " : "", B, T, (long long)l4_param_count(&c), l4_workspace_bytes(m) / 1048576.0, dt * 1e3,
-         B * T / dt, df * 1e3, loss / nt);
+         moe_every > 1 ? "Hm=128 (layers 0, 2 dense) " : "", B, T, (long long)l4_param_count(&c), l4_workspace_bytes(m) / 1048576.0,
+         threads, threads == 1 ? "" : "s", dt * 1e3, B * T / dt, df * 1e3, loss / nt);
   free(tok), free(tgt);
   params_free(&P);
   l4_free(m);
+  pool_free(pool);
 }
 
 int main(void) {
@@ -639,8 +744,11 @@ int main(void) {
   grad_check("Maverick-shaped, packed rows", maverick_config(), &bb.packed);
   forward_check(&bb);
   contract_checks(&bb);
-  timing(1);
-  timing(2);
+  thread_checks();
+  printf("%s\n", blas_describe(2));
+  timing(1, 1);
+  timing(1, 2);
+  timing(2, 2);
   if (failures) {
     printf("test_llama4: %d check(s) FAILED\n", failures);
     return 1;

@@ -4,6 +4,8 @@
  * double. */
 #include "llama4.h"
 
+#include "../blas.h"
+
 #include <cblas.h>
 #include <math.h>
 #include <stdarg.h>
@@ -22,10 +24,32 @@
     }                                                                 \
   } while (0)
 
-/* A block of this many tokens goes through the output head at once, so the
- * (rows, V) logits never exist for the whole batch: at Scout's V = 202048 a
- * full (B*T, V) buffer would dwarf the rest of the workspace. */
-#define L4_HEAD_ROWS 64
+/* A phase's row tasks take this many tokens each: the GEMMs' M, and what
+ * makes the work of a phase independent of the thread count. */
+#define L4_ROW_BLOCK 64
+
+/* Tokens that go through the output head at once: all of them when their
+ * (rows, V) logits fit in 2^22 elements, else a multiple of L4_ROW_BLOCK
+ * (at Scout's V = 202048, 64 rows), so the logits never exist for a large
+ * batch at once. lm_head's gradient sums over a block's rows at once. */
+static size_t head_block_rows(size_t n, size_t V) {
+  size_t r = ((size_t)1 << 22) / V;
+  r = r < L4_ROW_BLOCK ? L4_ROW_BLOCK : r / L4_ROW_BLOCK * L4_ROW_BLOCK;
+  return r < n ? r : n;
+}
+
+/* Rows of a weight gradient (out, in) per task: at least 32768 elements
+ * and 64 rows, so each GEMM is worth a task. A function of the shape
+ * alone, never of the thread count. */
+static int wgrad_chunk_rows(int out, int in) {
+  int r = 32768 / (in > 0 ? in : 1);
+  r = r < 64 ? 64 : r;
+  return r < out ? r : out;
+}
+
+/* One expert's rows [r0, r0 + rows) of the expert-ordered tokens: an item
+ * of the routed experts' forward. */
+typedef struct { int32_t expert, r0, rows; } L4Item;
 
 #define L4_PI 3.14159265358979323846
 
@@ -57,6 +81,12 @@ struct L4Model {
   int32_t *pos;        /* (N) positions of this batch */
   int32_t *chunk_id;   /* (N) pos / attention_chunk_size */
   size_t ints_bytes;
+  L4Item *items;       /* (N + E) the routed forward's items */
+  double *row_loss;    /* (N) each token's cross-entropy */
+  /* the threads: a pool's, or the caller's alone (pool NULL, one slot) */
+  ThreadPool *pool;
+  int nslots;
+  void *scratch;       /* (nslots, 2, max_seq, max_seq) attention scores per thread */
 };
 
 L4Config l4_config_scout(void) {
@@ -221,11 +251,45 @@ static void rope_frequencies(const L4Config *c, double *f) {
   }
 }
 
+/* ---- the loops' machine code ---------------------------------------------------
+ * The per-token loops (norms, RoPE, SwiGLU, softmax, cross-entropy) are
+ * built three times, for AVX-512, AVX2 and baseline x86-64, and the loader
+ * picks the one this CPU runs. No clone contracts a multiply-add, and each
+ * sum's order is fixed in the source (8 lanes), so every clone gives the
+ * same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define L4_VEC __attribute__((optimize("O3"), target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define L4_VEC
+#endif
+
+/* e^x in float, within 1.4 ulp of the exact value (Cephes' expf
+ * polynomial), written so that the compiler vectorises it: libm's expf is
+ * a call per element. Clamped to [-87, 88]. */
+static inline float l4_expf(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(x / ln 2) */
+  float r = x - n * 0.693145751953125f;
+  r = r - n * 1.428606765330187045e-06f;
+  float q = 1.9875691500e-4f;
+  q = q * r + 1.3981999507e-3f;
+  q = q * r + 8.3334519073e-3f;
+  q = q * r + 4.1665795894e-2f;
+  q = q * r + 1.6666665459e-1f;
+  q = q * r + 5.0000001201e-1f;
+  q = q * r * r + r + 1.0f;
+  uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+  float scale;
+  memcpy(&scale, &bits, sizeof scale);
+  return q * scale;
+}
+
 /* ---- the two precisions ------------------------------------------------------- */
 #define REAL float
 #define SUF(name) name##_f32
 #define GEMM cblas_sgemm
-#define R_EXP expf
+#define R_EXP l4_expf
 #define R_LOG logf
 #define R_SQRT sqrtf
 #include "llama4_impl.h"
@@ -308,7 +372,11 @@ static L4Model *model_create(const L4Config *c, int max_batch, int max_seq, size
   m->acts = malloc(m->acts_bytes);
   int32_t *ints = malloc(m->ints_bytes);
   m->inv_freq = malloc(sizeof(double) * (size_t)(c->head_dim / 2));
-  if (!m->acts || !ints || !m->inv_freq) {
+  m->items = malloc(sizeof(L4Item) * (N + E));
+  m->row_loss = malloc(sizeof(double) * N);
+  m->nslots = 1;
+  m->scratch = malloc(elem * 2 * (size_t)max_seq * max_seq);
+  if (!m->acts || !ints || !m->inv_freq || !m->items || !m->row_loss || !m->scratch) {
     snprintf(err, errlen, "llama4: cannot allocate %zu bytes of activations",
              m->acts_bytes + m->ints_bytes);
     free(ints);
@@ -322,6 +390,7 @@ static L4Model *model_create(const L4Config *c, int max_batch, int max_seq, size
   m->pos = m->cursor + E;
   m->chunk_id = m->pos + N;
   rope_frequencies(c, m->inv_freq);
+  blas_init();
   return m;
 }
 
@@ -340,10 +409,26 @@ void l4_free(L4Model *m) {
   free(m->acts);
   free(m->choice); /* the start of the int workspace */
   free(m->inv_freq);
+  free(m->items);
+  free(m->row_loss);
+  free(m->scratch);
   free(m);
 }
 
-size_t l4_workspace_bytes(const L4Model *m) { return m->acts_bytes + m->ints_bytes; }
+int l4_set_pool(L4Model *m, ThreadPool *pool) {
+  int slots = blas_pool_threads(pool);
+  void *s = malloc(m->elem * 2 * (size_t)m->max_seq * m->max_seq * (size_t)slots);
+  if (!s) return -1;
+  free(m->scratch);
+  m->scratch = s, m->pool = pool, m->nslots = slots;
+  return 0;
+}
+
+size_t l4_workspace_bytes(const L4Model *m) {
+  size_t N = (size_t)m->max_batch * m->max_seq;
+  return m->acts_bytes + m->ints_bytes + (N + m->c.num_experts) * sizeof(L4Item) + N * sizeof(double) +
+         m->elem * 2 * (size_t)m->max_seq * m->max_seq * (size_t)m->nslots;
+}
 
 const int32_t *l4_expert_choice(const L4Model *m, int l) {
   L4_CHECK(l >= 0 && l < m->c.num_layers, "layer %d out of range", l);

@@ -87,6 +87,14 @@ L4Model *l4_create_f64(const L4Config *c, int max_batch, int max_seq, char *err,
 void l4_free(L4Model *m);
 /* Bytes of activation workspace l4_create allocated, for memory reports. */
 size_t l4_workspace_bytes(const L4Model *m);
+/* Runs the model's phases on pool's threads from now on (NULL: on the
+ * caller's alone, the default), with the BLAS called from each thread
+ * single-threaded; the pool is the caller's, shared with whatever else
+ * uses it between runs (the compiled optimizer step), and must outlive the
+ * model's runs. The results are the same bits for any pool size. 0, or -1
+ * when the per-thread scratch cannot be allocated (the model is unchanged). */
+typedef struct ThreadPool ThreadPool;
+int l4_set_pool(L4Model *m, ThreadPool *pool);
 
 /* params[i], grads[i] point at tensor i's data (row-major), in l4_tensors
  * order. Runs forward, and backward when grads is not NULL. Returns the SUM

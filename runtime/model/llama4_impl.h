@@ -4,15 +4,29 @@
  *   SUF(name)       name##_f32 | name##_f64
  *   GEMM            cblas_sgemm | cblas_dgemm
  *   R_EXP R_LOG R_SQRT   the libm functions of that type
- * and struct L4Model, the T_* tensor slots (layer_first, moe_layers_before)
- * and L4_HEAD_ROWS before it.
+ * and struct L4Model, the T_* tensor slots (layer_first, moe_layers_before),
+ * L4_ROW_BLOCK, head_block_rows and wgrad_chunk_rows before it.
  * No include guard, on purpose.
  *
  * Notation: N = B*T tokens, D = embed_dim, QD = nh*hd, KVD = nkv*hd, E
  * experts of width H, shared width Hs, dense layers' width Hm; Lm MoE
  * layers and Ld dense ones. Matmuls are nn.Linear's y = x W^T
  * with W (out, in) unless a comment says otherwise. Reductions over a row
- * (norms, softmax sums) accumulate in double in both precisions. */
+ * (norms, softmax sums) accumulate in double in both precisions.
+ *
+ * The work is a sequence of phases, each a list of independent tasks that
+ * blas_tasks hands to the pool's threads (llm.c's layout, one phase where
+ * PyTorch launches a kernel per op):
+ *   - row blocks: L4_ROW_BLOCK tokens through every per-token op of a stretch
+ *     of the layer (RMSNorm, the projections, RoPE with QK-norm, SwiGLU, the
+ *     router's top-1), each op fused with its neighbours over the block;
+ *   - items: one attention (row, head), one expert's tokens;
+ *   - weight gradients: dW += dY^T X split by rows of dW, each row summed
+ *     over every token, and norm weights' gradients summed over tokens in
+ *     token order.
+ * No task reads what another task of its phase writes, and every sum runs
+ * in the same order whatever the thread count: the bits do not depend on
+ * it. */
 
 /* ---- views ------------------------------------------------------------------------ */
 /* One layer's parameters (or gradients), pointers into the caller's tensors.
@@ -79,15 +93,16 @@ typedef struct {
   REAL *rope_sin; /* (N, hd/2) */
   REAL *temp;     /* (N) NoPE layers' query temperature */
   /* scratch, reused by every layer */
-  REAL *logits;   /* (HEAD_ROWS, V) one block of the output head, then its gradient */
+  REAL *logits;   /* (head rows, V) one block of the output head, then its gradient */
   REAL *rlogits;  /* (N, E) router logits */
   REAL *xin;      /* (N, D) routed input x*score in expert order; its gradient in backward */
   REAL *ybuf;     /* (N, D) routed output in expert order; the gathered dout in backward */
-  REAL *hid;      /* (N, Hmax) silu(gate) * up; Hmax = max(H, Hs, Hm if Ld > 0) */
+  REAL *hid;      /* (N, Hmax) the MLP's silu(gate) * up; Hmax = max(Hs, Hm if Ld > 0) */
   REAL *dhid;     /* (N, Hmax) */
-  REAL *dgu;      /* (N, 2 Hmax) gradient of gate|up */
-  REAL *scores;   /* (T, T) one head's scores, then probabilities */
-  REAL *dscores;  /* (T, T) */
+  REAL *dgu;      /* (2, N, Hmax) the MLP's dgate, then dup */
+  REAL *ehid;     /* (N, H) the experts' silu(gate) * up, expert order */
+  REAL *edhid;    /* (N, H) */
+  REAL *edgu;     /* (N, 2H) gradient of the experts' gate|up */
   REAL *dres;     /* (N, D) gradient of the residual stream */
   REAL *dln;      /* (N, D) gradient of a norm's output */
   REAL *datt;     /* (N, QD) */
@@ -100,14 +115,13 @@ typedef struct {
  * NULL only counts (a may then be NULL too). */
 static size_t SUF(acts_bind)(const L4Model *m, REAL *base, SUF(Acts) *a) {
   const L4Config *c = &m->c;
-  size_t N = (size_t)m->max_batch * m->max_seq, T = m->max_seq, L = c->num_layers;
+  size_t N = (size_t)m->max_batch * m->max_seq, L = c->num_layers;
   size_t D = c->embed_dim, nh = c->num_heads, nkv = c->num_kv_heads, hd = c->head_dim;
   size_t QD = nh * hd, KVD = nkv * hd, E = c->num_experts, H = c->hidden_dim;
   size_t Hs = c->shared_hidden_dim, V = c->vocab_size;
   size_t Lm = moe_layers_before(c, c->num_layers), Ld = L - Lm;
   size_t Hm = Ld ? (size_t)c->mlp_hidden_dim : 0;
-  size_t Hmax = H > Hs ? H : Hs, rows = N < L4_HEAD_ROWS ? N : L4_HEAD_ROWS;
-  if (Hm > Hmax) Hmax = Hm;
+  size_t Hmax = Hs > Hm ? Hs : Hm;
   SUF(Acts) unused;
   if (!a) a = &unused;
   size_t off = 0;
@@ -134,15 +148,16 @@ static size_t SUF(acts_bind)(const L4Model *m, REAL *base, SUF(Acts) *a) {
   TAKE(rope_cos, N * (hd / 2));
   TAKE(rope_sin, N * (hd / 2));
   TAKE(temp, N);
-  TAKE(logits, rows * V);
+  TAKE(logits, head_block_rows(N, V) * V);
   TAKE(rlogits, N * E);
   TAKE(xin, N * D);
   TAKE(ybuf, N * D);
   TAKE(hid, N * Hmax);
   TAKE(dhid, N * Hmax);
-  TAKE(dgu, N * 2 * Hmax);
-  TAKE(scores, T * T);
-  TAKE(dscores, T * T);
+  TAKE(dgu, 2 * N * Hmax);
+  TAKE(ehid, Lm ? N * H : 0);
+  TAKE(edhid, Lm ? N * H : 0);
+  TAKE(edgu, Lm ? N * 2 * H : 0);
   TAKE(dres, N * D);
   TAKE(dln, N * D);
   TAKE(datt, N * QD);
@@ -190,12 +205,30 @@ static void SUF(matmul_forward)(REAL *y, const REAL *x, const REAL *w, int n, in
   GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1, x, in, w, in, beta, y, out);
 }
 
-/* dx (n, in) = dy @ w + dx_beta * dx;  dw (out, in) += dy^T @ x */
-static void SUF(matmul_backward)(REAL *dx, REAL *dw, const REAL *dy, const REAL *x,
-                                 const REAL *w, int n, int in, int out, REAL dx_beta) {
-  GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1, dy, out, w, in, dx_beta, dx,
-       in);
-  GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1, dy, out, x, in, 1, dw, in);
+/* dx (n, in) = dy (n, out) @ w (out, in) + beta * dx */
+static void SUF(matmul_dx)(REAL *dx, const REAL *dy, const REAL *w, int n, int in, int out,
+                           REAL beta) {
+  GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1, dy, out, w, in, beta, dx, in);
+}
+
+/* A weight gradient dw (out, in) += dy^T @ x over n tokens, dy rows of
+ * stride ldy, x rows of stride ldx; done in tasks of `chunk` rows of dw. */
+typedef struct {
+  REAL *dw;
+  const REAL *dy, *x;
+  int out, in, n, ldy, ldx, chunk, ntasks;
+} SUF(WGrad);
+
+static SUF(WGrad) SUF(wgrad)(REAL *dw, const REAL *dy, int ldy, const REAL *x, int ldx, int out,
+                             int in, int n) {
+  int chunk = wgrad_chunk_rows(out, in);
+  return (SUF(WGrad)){dw, dy, x, out, in, n, ldy, ldx, chunk, (out + chunk - 1) / chunk};
+}
+
+static void SUF(wgrad_task)(const SUF(WGrad) *g, int k) {
+  int o0 = k * g->chunk, rows = g->out - o0 < g->chunk ? g->out - o0 : g->chunk;
+  GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, rows, g->in, g->n, 1, g->dy + o0, g->ldy, g->x,
+       g->ldx, 1, g->dw + (size_t)o0 * g->in, g->in);
 }
 
 /* ---- RMSNorm: y = x / sqrt(mean(x^2) + eps) * w ------------------------------------- */
@@ -212,9 +245,10 @@ static void SUF(rmsnorm_forward)(REAL *y, REAL *rstd, const REAL *x, const REAL 
   }
 }
 
-/* With xhat = x*r: dw += dy*xhat;  dx += r * (dy*w - xhat * mean(dy*w*xhat)). */
-static void SUF(rmsnorm_backward)(REAL *dx, REAL *dw, const REAL *dy, const REAL *x,
-                                  const REAL *rstd, const REAL *w, int n, int d) {
+/* With xhat = x*r: dx += r * (dy*w - xhat * mean(dy*w*xhat)), rows [0, n).
+ * The weight's gradient is norm_wgrad's, summed over all rows at once. */
+static void SUF(rmsnorm_dx)(REAL *dx, const REAL *dy, const REAL *x, const REAL *rstd,
+                            const REAL *w, int n, int d) {
   for (int t = 0; t < n; t++) {
     const REAL *xt = x + (size_t)t * d, *dyt = dy + (size_t)t * d;
     REAL *dxt = dx + (size_t)t * d, r = rstd[t];
@@ -224,61 +258,77 @@ static void SUF(rmsnorm_backward)(REAL *dx, REAL *dw, const REAL *dy, const REAL
     for (int i = 0; i < d; i++) {
       REAL xhat = xt[i] * r;
       dxt[i] += r * (dyt[i] * w[i] - xhat * mean);
-      dw[i] += dyt[i] * xhat;
     }
   }
 }
 
-/* ---- RoPE on interleaved pairs: (x[2i] + i x[2i+1]) * e^{i pos f_i} ------------------- */
-static void SUF(rope_tables)(L4Model *m, SUF(Acts) *a, int n) {
-  int half = m->c.head_dim / 2;
-  for (int t = 0; t < n; t++)
-    for (int i = 0; i < half; i++) {
-      double ang = (double)m->pos[t] * m->inv_freq[i];
-      a->rope_cos[(size_t)t * half + i] = (REAL)cos(ang);
-      a->rope_sin[(size_t)t * half + i] = (REAL)sin(ang);
-    }
+/* A norm weight's gradient dw += sum over tokens of dy * x * r, in token order. */
+typedef struct {
+  REAL *dw;
+  const REAL *dy, *x, *rstd;
+} SUF(NGrad);
+
+static void SUF(ngrad_task)(const SUF(NGrad) *g, int n, int d) {
+  for (int t = 0; t < n; t++) {
+    const REAL *xt = g->x + (size_t)t * d, *dyt = g->dy + (size_t)t * d;
+    REAL r = g->rstd[t];
+    for (int i = 0; i < d; i++) g->dw[i] += dyt[i] * (xt[i] * r);
+  }
 }
 
-/* x (n, heads*hd) rotated in place; sign -1 rotates back, which is the
- * backward, since a rotation's transpose is its inverse. */
-static void SUF(rope_rotate)(REAL *x, const SUF(Acts) *a, int n, int heads, int hd, int sign) {
+/* ---- RoPE on interleaved pairs, (x[2i] + i x[2i+1]) * e^{i pos f_i}, then
+ * on QK-norm layers HF's Llama4TextL2Norm, x / sqrt(mean(x^2) + eps) per head
+ * with no weight: one pass per head. rstd NULL: no norm. */
+static void SUF(rope_norm_forward)(REAL *x, REAL *rstd, const SUF(Acts) *a, int t0, int n,
+                                   int heads, int hd, double eps) {
   int half = hd / 2;
   for (int t = 0; t < n; t++) {
-    const REAL *ct = a->rope_cos + (size_t)t * half, *st = a->rope_sin + (size_t)t * half;
+    const REAL *ct = a->rope_cos + (size_t)(t0 + t) * half;
+    const REAL *st = a->rope_sin + (size_t)(t0 + t) * half;
     for (int hh = 0; hh < heads; hh++) {
       REAL *xh = x + ((size_t)t * heads + hh) * hd;
+      double ss = 0;
       for (int i = 0; i < half; i++) {
-        REAL x0 = xh[2 * i], x1 = xh[2 * i + 1], cs = ct[i], sn = sign * st[i];
-        xh[2 * i] = x0 * cs - x1 * sn;
-        xh[2 * i + 1] = x0 * sn + x1 * cs;
+        REAL x0 = xh[2 * i], x1 = xh[2 * i + 1], cs = ct[i], sn = st[i];
+        REAL y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
+        xh[2 * i] = y0, xh[2 * i + 1] = y1;
+        ss += (double)y0 * y0;
+        ss += (double)y1 * y1;
       }
+      if (!rstd) continue;
+      REAL r = (REAL)(1.0 / sqrt(ss / hd + eps));
+      rstd[(size_t)t * heads + hh] = r;
+      for (int i = 0; i < hd; i++) xh[i] *= r;
     }
   }
 }
 
-/* ---- QK-norm: HF's Llama4TextL2Norm, x / sqrt(mean(x^2) + eps) per head, no weight ----- */
-static void SUF(headnorm_forward)(REAL *x, REAL *rstd, int n, int heads, int hd, double eps) {
-  for (size_t j = 0; j < (size_t)n * heads; j++) {
-    REAL *xh = x + j * hd;
-    double ss = 0;
-    for (int i = 0; i < hd; i++) ss += (double)xh[i] * xh[i];
-    REAL r = (REAL)(1.0 / sqrt(ss / hd + eps));
-    rstd[j] = r;
-    for (int i = 0; i < hd; i++) xh[i] *= r;
-  }
-}
-
-/* y = x*r: dx = r * (dy - y * mean(dy*y)), in place over dy. */
-static void SUF(headnorm_backward)(REAL *d, const REAL *y, const REAL *rstd, int n, int heads,
-                                   int hd) {
-  for (size_t j = 0; j < (size_t)n * heads; j++) {
-    REAL *dh = d + j * hd;
-    const REAL *yh = y + j * hd;
-    double dot = 0;
-    for (int i = 0; i < hd; i++) dot += (double)dh[i] * yh[i];
-    REAL mean = (REAL)(dot / hd);
-    for (int i = 0; i < hd; i++) dh[i] = rstd[j] * (dh[i] - yh[i] * mean);
+/* The backward, in place over d: the norm's, y = x*r: d = r * (d - y *
+ * mean(d*y)), then the rotation back (a rotation's transpose is its
+ * inverse). y is the forward's output; rstd NULL: no norm. */
+static void SUF(rope_norm_backward)(REAL *d, const REAL *y, const REAL *rstd, const SUF(Acts) *a,
+                                    int t0, int n, int heads, int hd) {
+  int half = hd / 2;
+  for (int t = 0; t < n; t++) {
+    const REAL *ct = a->rope_cos + (size_t)(t0 + t) * half;
+    const REAL *st = a->rope_sin + (size_t)(t0 + t) * half;
+    for (int hh = 0; hh < heads; hh++) {
+      REAL *dh = d + ((size_t)t * heads + hh) * hd;
+      const REAL *yh = y + ((size_t)t * heads + hh) * hd;
+      REAL r = 1, mean = 0;
+      if (rstd) {
+        double dot = 0;
+        for (int i = 0; i < hd; i++) dot += (double)dh[i] * yh[i];
+        mean = (REAL)(dot / hd), r = rstd[(size_t)t * heads + hh];
+      }
+      for (int i = 0; i < half; i++) {
+        REAL g0 = dh[2 * i], g1 = dh[2 * i + 1];
+        if (rstd) g0 = r * (g0 - yh[2 * i] * mean), g1 = r * (g1 - yh[2 * i + 1] * mean);
+        REAL cs = ct[i], sn = -st[i];
+        dh[2 * i] = g0 * cs - g1 * sn;
+        dh[2 * i + 1] = g0 * sn + g1 * cs;
+      }
+    }
   }
 }
 
@@ -286,6 +336,93 @@ static void SUF(headnorm_backward)(REAL *d, const REAL *y, const REAL *rstd, int
 static void SUF(rows_scale)(REAL *x, const REAL *s, int n, int width) {
   for (int t = 0; t < n; t++)
     for (int i = 0; i < width; i++) x[(size_t)t * width + i] *= s[t];
+}
+
+/* ---- SwiGLU ---------------------------------------------------------------------------- */
+static inline REAL SUF(sigmoid)(REAL x) { return 1 / (1 + R_EXP(-x)); }
+
+/* hid (n, width) = silu(gate) * up; gate and up are rows of stride ld. */
+static void SUF(swiglu_forward)(REAL *hid, const REAL *gate, const REAL *up, int n, int width,
+                                int ld) {
+  for (int t = 0; t < n; t++)
+    for (int i = 0; i < width; i++) {
+      REAL g = gate[(size_t)t * ld + i];
+      hid[(size_t)t * width + i] = g * SUF(sigmoid)(g) * up[(size_t)t * ld + i];
+    }
+}
+
+/* From dhid: dgate = dhid * up * silu'(gate), dup = dhid * silu(gate),
+ * silu'(g) = s (1 + g (1 - s)), s = sigmoid(g). gate and up rows have
+ * stride ld, dgate and dup rows stride ldd. */
+static void SUF(swiglu_backward)(REAL *dgate, REAL *dup, const REAL *dhid, const REAL *gate,
+                                 const REAL *up, int n, int width, int ld, int ldd) {
+  for (int t = 0; t < n; t++)
+    for (int i = 0; i < width; i++) {
+      size_t o = (size_t)t * ld + i, od = (size_t)t * ldd + i;
+      REAL g = gate[o], s = SUF(sigmoid)(g), dh = dhid[(size_t)t * width + i];
+      dgate[od] = dh * up[o] * s * (1 + g * (1 - s));
+      dup[od] = dh * g * s;
+    }
+}
+
+/* ---- a phase: tasks on the pool ---------------------------------------------------------
+ * Tasks [0, nitem) are items, then nrow row blocks of L4_ROW_BLOCK tokens,
+ * then the weight gradients' chunks, then the norm weights' gradients. */
+typedef struct SUF(Phase) SUF(Phase);
+struct SUF(Phase) {
+  L4Model *m;
+  SUF(Acts) *a;
+  SUF(LayerActs) *la;
+  const SUF(LayerW) *w, *gw;
+  const L4Batch *bt;
+  REAL *const *p, *const *g; /* all parameters and gradients: the head's phases */
+  int l, n, h0, hn;          /* layer, tokens; the head block's first row and rows */
+  void (*item)(SUF(Phase) *ph, int k, int slot);
+  void (*rows)(SUF(Phase) *ph, int t0, int nt, int slot);
+  int nitem, nrow, nwg, nng;
+  SUF(WGrad) wg[4];
+  SUF(NGrad) ng[2];
+};
+
+static void SUF(phase_task)(void *ctx, int k, int slot) {
+  SUF(Phase) *ph = ctx;
+  if (k < ph->nitem) {
+    ph->item(ph, k, slot);
+    return;
+  }
+  k -= ph->nitem;
+  if (k < ph->nrow) {
+    int t0 = ph->h0 + k * L4_ROW_BLOCK, end = ph->h0 + ph->hn;
+    ph->rows(ph, t0, end - t0 < L4_ROW_BLOCK ? end - t0 : L4_ROW_BLOCK, slot);
+    return;
+  }
+  k -= ph->nrow;
+  for (int j = 0; j < ph->nwg; j++) {
+    if (k < ph->wg[j].ntasks) {
+      SUF(wgrad_task)(&ph->wg[j], k);
+      return;
+    }
+    k -= ph->wg[j].ntasks;
+  }
+  SUF(ngrad_task)(&ph->ng[k], ph->n, ph->m->c.embed_dim);
+}
+
+/* Runs the phase: items, rows (over [h0, h0 + hn), all n tokens unless the
+ * head set a block), weight and norm gradients. */
+static void SUF(phase_run)(SUF(Phase) *ph, int nitem,
+                           void (*item)(SUF(Phase) *, int, int),
+                           void (*rows)(SUF(Phase) *, int, int, int)) {
+  if (ph->hn == 0) ph->h0 = 0, ph->hn = ph->n;
+  ph->item = item, ph->nitem = item ? nitem : 0;
+  ph->rows = rows, ph->nrow = rows ? (ph->hn + L4_ROW_BLOCK - 1) / L4_ROW_BLOCK : 0;
+  int total = ph->nitem + ph->nrow + ph->nng;
+  for (int j = 0; j < ph->nwg; j++) total += ph->wg[j].ntasks;
+  blas_tasks(ph->m->pool, total, SUF(phase_task), ph);
+  ph->nwg = ph->nng = 0, ph->hn = 0;
+}
+
+static REAL *SUF(slot_scratch)(const L4Model *m, int slot) {
+  return (REAL *)m->scratch + (size_t)slot * 2 * m->max_seq * m->max_seq;
 }
 
 /* ---- attention --------------------------------------------------------------------- */
@@ -310,83 +447,89 @@ static void SUF(attn_scores)(const L4Model *m, const SUF(LayerActs) *la, int b, 
        0, S, T);
 }
 
-/* att = softmax(mask(scale * q k^T)) v, per row and head; keeps each score
- * row's log-sum-exp. */
-static void SUF(attention_forward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la,
-                                   const L4Batch *bt, int chunked) {
-  const L4Config *c = &m->c;
-  int B = bt->B, T = bt->T, nh = c->num_heads, hd = c->head_dim;
-  int QD = nh * hd, KVD = c->num_kv_heads * hd, grp = nh / c->num_kv_heads;
-  REAL *S = a->scores;
-  for (int b = 0; b < B; b++) {
-    const int32_t *seg = bt->segments ? bt->segments + (size_t)b * T : NULL;
-    const int32_t *cid = chunked ? m->chunk_id + (size_t)b * T : NULL;
-    for (int hh = 0; hh < nh; hh++) {
-      SUF(attn_scores)(m, la, b, hh, T, S);
-      REAL *lse = la->lse + ((size_t)b * nh + hh) * T;
-      for (int i = 0; i < T; i++) {
-        REAL *si = S + (size_t)i * T, mx = si[i];
-        for (int j = 0; j < i; j++)
-          if (SUF(attn_allowed)(seg, cid, i, j) && si[j] > mx) mx = si[j];
-        double sum = 0;
-        for (int j = 0; j < T; j++) {
-          if (j <= i && SUF(attn_allowed)(seg, cid, i, j)) {
-            si[j] = R_EXP(si[j] - mx);
-            sum += si[j];
-          } else {
-            si[j] = 0;
-          }
-        }
-        REAL inv = (REAL)(1.0 / sum);
-        for (int j = 0; j <= i; j++) si[j] *= inv;
-        lse[i] = mx + (REAL)log(sum);
-      }
-      const REAL *V = la->v + (size_t)b * T * KVD + (hh / grp) * hd;
-      REAL *Y = la->att + (size_t)b * T * QD + hh * hd;
-      GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1, S, T, V, KVD, 0, Y, QD);
-    }
-  }
+static int SUF(attn_chunked)(const SUF(Phase) *ph) {
+  const L4Config *c = &ph->m->c;
+  return l4_layer_uses_rope(c, ph->l) && c->attention_chunk_size > 0;
 }
 
-/* From datt: dq (set), dk and dv (accumulated over the heads of a group).
+/* Item b * nh + hh: att = softmax(mask(scale * q k^T)) v for row b, head
+ * hh; keeps each score row's log-sum-exp. */
+static void SUF(attention_forward_item)(SUF(Phase) *ph, int item, int slot) {
+  const L4Model *m = ph->m;
+  const L4Config *c = &m->c;
+  const SUF(LayerActs) *la = ph->la;
+  int T = ph->bt->T, nh = c->num_heads, hd = c->head_dim, b = item / nh, hh = item % nh;
+  int QD = nh * hd, KVD = c->num_kv_heads * hd, grp = nh / c->num_kv_heads;
+  const int32_t *seg = ph->bt->segments ? ph->bt->segments + (size_t)b * T : NULL;
+  const int32_t *cid = SUF(attn_chunked)(ph) ? m->chunk_id + (size_t)b * T : NULL;
+  REAL *S = SUF(slot_scratch)(m, slot);
+  SUF(attn_scores)(m, la, b, hh, T, S);
+  REAL *lse = la->lse + ((size_t)b * nh + hh) * T;
+  for (int i = 0; i < T; i++) {
+    REAL *si = S + (size_t)i * T, mx = si[i];
+    for (int j = 0; j < i; j++)
+      if (SUF(attn_allowed)(seg, cid, i, j) && si[j] > mx) mx = si[j];
+    double sum = 0;
+    for (int j = 0; j < T; j++) {
+      if (j <= i && SUF(attn_allowed)(seg, cid, i, j)) {
+        si[j] = R_EXP(si[j] - mx);
+        sum += si[j];
+      } else {
+        si[j] = 0;
+      }
+    }
+    REAL inv = (REAL)(1.0 / sum);
+    for (int j = 0; j <= i; j++) si[j] *= inv;
+    lse[i] = mx + (REAL)log(sum);
+  }
+  const REAL *V = la->v + (size_t)b * T * KVD + (hh / grp) * hd;
+  REAL *Y = la->att + (size_t)b * T * QD + hh * hd;
+  GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1, S, T, V, KVD, 0, Y, QD);
+}
+
+/* Item b * nkv + g: from datt, dq (set) for the group's heads, dk and dv
+ * (set, summed over the group's heads in order).
  *   P = exp(S - lse) on allowed entries
  *   dP = dY V^T;  dV += P^T dY;  dS = P * (dP - rowsum(P * dP))
  *   dQ = scale dS K;  dK += scale dS^T Q */
-static void SUF(attention_backward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la,
-                                    const L4Batch *bt, int chunked) {
+static void SUF(attention_backward_item)(SUF(Phase) *ph, int item, int slot) {
+  const L4Model *m = ph->m;
   const L4Config *c = &m->c;
-  int B = bt->B, T = bt->T, nh = c->num_heads, hd = c->head_dim;
-  int QD = nh * hd, KVD = c->num_kv_heads * hd, grp = nh / c->num_kv_heads;
-  REAL scale = (REAL)(1.0 / sqrt(hd)), *P = a->scores, *dP = a->dscores;
-  memset(a->dk, 0, sizeof(REAL) * (size_t)B * T * KVD);
-  memset(a->dv, 0, sizeof(REAL) * (size_t)B * T * KVD);
-  for (int b = 0; b < B; b++) {
-    const int32_t *seg = bt->segments ? bt->segments + (size_t)b * T : NULL;
-    const int32_t *cid = chunked ? m->chunk_id + (size_t)b * T : NULL;
-    for (int hh = 0; hh < nh; hh++) {
-      size_t qo = (size_t)b * T * QD + hh * hd, kvo = (size_t)b * T * KVD + (hh / grp) * hd;
-      const REAL *lse = la->lse + ((size_t)b * nh + hh) * T;
-      SUF(attn_scores)(m, la, b, hh, T, P);
-      for (int i = 0; i < T; i++) {
-        REAL *pi = P + (size_t)i * T;
-        for (int j = 0; j < T; j++)
-          pi[j] = j <= i && SUF(attn_allowed)(seg, cid, i, j) ? R_EXP(pi[j] - lse[i]) : 0;
-      }
-      GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1, a->datt + qo, QD, la->v + kvo,
-           KVD, 0, dP, T);
-      GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1, P, T, a->datt + qo, QD, 1,
-           a->dv + kvo, KVD);
-      for (int i = 0; i < T; i++) {
-        REAL *pi = P + (size_t)i * T, *dpi = dP + (size_t)i * T;
-        double dot = 0;
-        for (int j = 0; j <= i; j++) dot += (double)pi[j] * dpi[j];
-        for (int j = 0; j < T; j++) dpi[j] = pi[j] * (dpi[j] - (REAL)dot);
-      }
-      GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, scale, dP, T, la->k + kvo, KVD,
-           0, a->dq + qo, QD);
-      GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, scale, dP, T, la->q + qo, QD, 1,
-           a->dk + kvo, KVD);
+  const SUF(LayerActs) *la = ph->la;
+  SUF(Acts) *a = ph->a;
+  int T = ph->bt->T, nh = c->num_heads, nkv = c->num_kv_heads, hd = c->head_dim;
+  int QD = nh * hd, KVD = nkv * hd, grp = nh / nkv, b = item / nkv, kvh = item % nkv;
+  const int32_t *seg = ph->bt->segments ? ph->bt->segments + (size_t)b * T : NULL;
+  const int32_t *cid = SUF(attn_chunked)(ph) ? m->chunk_id + (size_t)b * T : NULL;
+  REAL scale = (REAL)(1.0 / sqrt(hd)), *P = SUF(slot_scratch)(m, slot), *dP = P + (size_t)T * T;
+  size_t kvo = (size_t)b * T * KVD + kvh * hd;
+  for (int t = 0; t < T; t++) {
+    memset(a->dk + kvo + (size_t)t * KVD, 0, sizeof(REAL) * (size_t)hd);
+    memset(a->dv + kvo + (size_t)t * KVD, 0, sizeof(REAL) * (size_t)hd);
+  }
+  for (int hh = kvh * grp; hh < (kvh + 1) * grp; hh++) {
+    size_t qo = (size_t)b * T * QD + hh * hd;
+    const REAL *lse = la->lse + ((size_t)b * nh + hh) * T;
+    SUF(attn_scores)(m, la, b, hh, T, P);
+    for (int i = 0; i < T; i++) {
+      REAL *pi = P + (size_t)i * T;
+      for (int j = 0; j < T; j++)
+        pi[j] = j <= i && SUF(attn_allowed)(seg, cid, i, j) ? R_EXP(pi[j] - lse[i]) : 0;
     }
+    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1, a->datt + qo, QD, la->v + kvo,
+         KVD, 0, dP, T);
+    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1, P, T, a->datt + qo, QD, 1,
+         a->dv + kvo, KVD);
+    for (int i = 0; i < T; i++) {
+      REAL *pi = P + (size_t)i * T, *dpi = dP + (size_t)i * T;
+      double dot = 0;
+      for (int j = 0; j <= i; j++) dot += (double)pi[j] * dpi[j];
+      for (int j = 0; j < T; j++) dpi[j] = pi[j] * (dpi[j] - (REAL)dot);
+    }
+    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, scale, dP, T, la->k + kvo, KVD,
+         0, a->dq + qo, QD);
+    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, scale, dP, T, la->q + qo, QD, 1,
+         a->dk + kvo, KVD);
   }
 }
 
@@ -394,196 +537,181 @@ static void SUF(attention_backward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la
  * q, k: RoPE, then QK-norm, on RoPE layers; the temperature on NoPE
  * layers. The two never meet in one layer, so q holds the QK-norm's output
  * whenever the backward needs it. */
-static void SUF(attn_block_forward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la,
-                                    const SUF(LayerW) *w, const L4Batch *bt, int l) {
-  const L4Config *c = &m->c;
-  int n = bt->B * bt->T, D = c->embed_dim, nh = c->num_heads, nkv = c->num_kv_heads;
-  int hd = c->head_dim, QD = nh * hd, KVD = nkv * hd, rope = l4_layer_uses_rope(c, l);
-  SUF(rmsnorm_forward)(la->ln1, la->ln1_rstd, la->x, w->ln1, n, D, c->norm_eps);
-  SUF(matmul_forward)(la->q, la->ln1, w->wq, n, D, QD, 0);
-  SUF(matmul_forward)(la->k, la->ln1, w->wk, n, D, KVD, 0);
-  SUF(matmul_forward)(la->v, la->ln1, w->wv, n, D, KVD, 0);
-  if (rope) {
-    SUF(rope_rotate)(la->q, a, n, nh, hd, 1);
-    SUF(rope_rotate)(la->k, a, n, nkv, hd, 1);
-    if (c->use_qk_norm) {
-      SUF(headnorm_forward)(la->q, la->q_rstd, n, nh, hd, c->norm_eps);
-      SUF(headnorm_forward)(la->k, la->k_rstd, n, nkv, hd, c->norm_eps);
-    }
-  } else if (c->attn_temperature_tuning) {
-    SUF(rows_scale)(la->q, a->temp, n, QD);
-  }
-  SUF(attention_forward)(m, a, la, bt, rope && c->attention_chunk_size > 0);
-  memcpy(la->h, la->x, sizeof(REAL) * (size_t)n * D);
-  SUF(matmul_forward)(la->h, la->att, w->wo, n, QD, D, 1);
-}
 
-/* a->dres: in, dL/dh; out, dL/dx. */
-static void SUF(attn_block_backward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la,
-                                     const SUF(LayerW) *w, const SUF(LayerW) *gw,
-                                     const L4Batch *bt, int l) {
-  const L4Config *c = &m->c;
-  int n = bt->B * bt->T, D = c->embed_dim, nh = c->num_heads, nkv = c->num_kv_heads;
-  int hd = c->head_dim, QD = nh * hd, KVD = nkv * hd, rope = l4_layer_uses_rope(c, l);
-  SUF(matmul_backward)(a->datt, gw->wo, a->dres, la->att, w->wo, n, QD, D, 0);
-  SUF(attention_backward)(m, a, la, bt, rope && c->attention_chunk_size > 0);
-  if (rope) {
-    if (c->use_qk_norm) {
-      SUF(headnorm_backward)(a->dq, la->q, la->q_rstd, n, nh, hd);
-      SUF(headnorm_backward)(a->dk, la->k, la->k_rstd, n, nkv, hd);
-    }
-    SUF(rope_rotate)(a->dq, a, n, nh, hd, -1);
-    SUF(rope_rotate)(a->dk, a, n, nkv, hd, -1);
+/* Rows: ln1 = rmsnorm(x); q, k, v; RoPE with QK-norm, or the temperature. */
+static void SUF(attn_in_rows)(SUF(Phase) *ph, int t0, int nt, int slot) {
+  (void)slot;
+  const L4Config *c = &ph->m->c;
+  const SUF(LayerW) *w = ph->w;
+  SUF(LayerActs) *la = ph->la;
+  int D = c->embed_dim, nh = c->num_heads, nkv = c->num_kv_heads, hd = c->head_dim;
+  int QD = nh * hd, KVD = nkv * hd, qk = c->use_qk_norm;
+  REAL *ln1 = la->ln1 + (size_t)t0 * D, *q = la->q + (size_t)t0 * QD, *k = la->k + (size_t)t0 * KVD;
+  SUF(rmsnorm_forward)(ln1, la->ln1_rstd + t0, la->x + (size_t)t0 * D, w->ln1, nt, D, c->norm_eps);
+  SUF(matmul_forward)(q, ln1, w->wq, nt, D, QD, 0);
+  SUF(matmul_forward)(k, ln1, w->wk, nt, D, KVD, 0);
+  SUF(matmul_forward)(la->v + (size_t)t0 * KVD, ln1, w->wv, nt, D, KVD, 0);
+  if (l4_layer_uses_rope(c, ph->l)) {
+    SUF(rope_norm_forward)(q, qk ? la->q_rstd + (size_t)t0 * nh : NULL, ph->a, t0, nt, nh, hd,
+                           c->norm_eps);
+    SUF(rope_norm_forward)(k, qk ? la->k_rstd + (size_t)t0 * nkv : NULL, ph->a, t0, nt, nkv, hd,
+                           c->norm_eps);
   } else if (c->attn_temperature_tuning) {
-    SUF(rows_scale)(a->dq, a->temp, n, QD);
+    SUF(rows_scale)(q, ph->a->temp + t0, nt, QD);
   }
-  SUF(matmul_backward)(a->dln, gw->wq, a->dq, la->ln1, w->wq, n, D, QD, 0);
-  SUF(matmul_backward)(a->dln, gw->wk, a->dk, la->ln1, w->wk, n, D, KVD, 1);
-  SUF(matmul_backward)(a->dln, gw->wv, a->dv, la->ln1, w->wv, n, D, KVD, 1);
-  SUF(rmsnorm_backward)(a->dres, gw->ln1, a->dln, la->x, la->ln1_rstd, w->ln1, n, D);
 }
 
 /* ---- the feed-forward block, out = h + ffn(x), x = rmsnorm(h) --------------------------
  * dense layer: ffn(x) = mlp(x), mlp(x) = down(silu(gate x) * up x) (HF's Llama4TextMLP)
  * MoE layer:   ffn(x) = mlp(x) + expert_e*(x * sigmoid(logit_e*)), mlp the shared
- *              expert, e* = argmax(x @ router^T), lowest index on ties */
-static inline REAL SUF(sigmoid)(REAL x) { return 1 / (1 + R_EXP(-x)); }
+ *              expert, e* = argmax(x @ router^T), lowest index on ties
+ * out = (h + mlp(x)) + routed, in that order. */
 
-/* hid (n, width) = silu(gate) * up; gate and up are rows of stride ld. */
-static void SUF(swiglu_forward)(REAL *hid, const REAL *gate, const REAL *up, int n, int width,
-                                int ld) {
-  for (int t = 0; t < n; t++)
-    for (int i = 0; i < width; i++) {
-      REAL g = gate[(size_t)t * ld + i];
-      hid[(size_t)t * width + i] = g * SUF(sigmoid)(g) * up[(size_t)t * ld + i];
-    }
+/* Rows: h = x + o_proj(att); ln2 = rmsnorm(h); out = h + mlp(ln2) keeping
+ * gate and up; on an MoE layer the router's logits, top-1 choice and score. */
+static void SUF(attn_out_mlp_rows)(SUF(Phase) *ph, int t0, int nt, int slot) {
+  (void)slot;
+  const L4Config *c = &ph->m->c;
+  const SUF(LayerW) *w = ph->w;
+  SUF(LayerActs) *la = ph->la;
+  SUF(Acts) *a = ph->a;
+  int D = c->embed_dim, QD = c->num_heads * c->head_dim, W = la->mw, E = c->num_experts;
+  size_t rD = (size_t)t0 * D;
+  REAL *h = la->h + rD, *ln2 = la->ln2 + rD, *out = la->out + rD, *hid = a->hid + (size_t)t0 * W;
+  memcpy(h, la->x + rD, sizeof(REAL) * (size_t)nt * D);
+  SUF(matmul_forward)(h, la->att + (size_t)t0 * QD, w->wo, nt, QD, D, 1);
+  SUF(rmsnorm_forward)(ln2, la->ln2_rstd + t0, h, w->ln2, nt, D, c->norm_eps);
+  memcpy(out, h, sizeof(REAL) * (size_t)nt * D);
+  REAL *sg = la->sg + (size_t)t0 * W, *su = la->su + (size_t)t0 * W;
+  SUF(matmul_forward)(sg, ln2, w->sgate, nt, D, W, 0);
+  SUF(matmul_forward)(su, ln2, w->sup, nt, D, W, 0);
+  SUF(swiglu_forward)(hid, sg, su, nt, W, W);
+  SUF(matmul_forward)(out, hid, w->sdown, nt, W, D, 1);
+  if (!la->moe) return;
+  /* route: top-1 by logit, the score is the sigmoid of that logit */
+  REAL *rl = a->rlogits + (size_t)t0 * E;
+  SUF(matmul_forward)(rl, ln2, w->router, nt, D, E, 0);
+  for (int t = 0; t < nt; t++) {
+    const REAL *lg = rl + (size_t)t * E;
+    int best = 0;
+    for (int e = 1; e < E; e++)
+      if (lg[e] > lg[best]) best = e;
+    la->choice[t0 + t] = best;
+    la->score[t0 + t] = SUF(sigmoid)(lg[best]);
+  }
 }
 
-/* From dhid: dgate = dhid * up * silu'(gate), dup = dhid * silu(gate),
- * silu'(g) = s (1 + g (1 - s)), s = sigmoid(g). Strides as in the forward. */
-static void SUF(swiglu_backward)(REAL *dgate, REAL *dup, const REAL *dhid, const REAL *gate,
-                                 const REAL *up, int n, int width, int ld) {
-  for (int t = 0; t < n; t++)
-    for (int i = 0; i < width; i++) {
-      size_t o = (size_t)t * ld + i;
-      REAL g = gate[o], s = SUF(sigmoid)(g), dh = dhid[(size_t)t * width + i];
-      dgate[o] = dh * up[o] * s * (1 + g * (1 - s));
-      dup[o] = dh * g * s;
+/* Groups the tokens by expert (ascending within one) and cuts each
+ * expert's rows into the forward's items of at most L4_ROW_BLOCK rows. */
+static int SUF(moe_group)(L4Model *m, SUF(LayerActs) *la, int n) {
+  int E = m->c.num_experts, nitem = 0;
+  memset(la->offsets, 0, sizeof(int32_t) * (size_t)(E + 1));
+  for (int t = 0; t < n; t++) la->offsets[la->choice[t] + 1]++;
+  for (int e = 0; e < E; e++) la->offsets[e + 1] += la->offsets[e];
+  memcpy(m->cursor, la->offsets, sizeof(int32_t) * (size_t)E);
+  for (int t = 0; t < n; t++) la->order[m->cursor[la->choice[t]]++] = t;
+  for (int e = 0; e < E; e++)
+    for (int r = la->offsets[e]; r < la->offsets[e + 1]; r += L4_ROW_BLOCK) {
+      int left = la->offsets[e + 1] - r;
+      m->items[nitem++] = (L4Item){e, r, left < L4_ROW_BLOCK ? left : L4_ROW_BLOCK};
     }
+  return nitem;
 }
 
-/* xin[r] = x[order[r]] * score[order[r]]: the routed input, grouped by expert. */
-static void SUF(moe_gather_input)(SUF(Acts) *a, const SUF(LayerActs) *la, int n, int D) {
-  for (int r = 0; r < n; r++) {
+/* xin[r] = x[order[r]] * score[order[r]] for rows [r0, r0 + ne): the routed
+ * input, grouped by expert. */
+static void SUF(moe_gather_input)(SUF(Acts) *a, const SUF(LayerActs) *la, int r0, int ne, int D) {
+  for (int r = r0; r < r0 + ne; r++) {
     int t = la->order[r];
     for (int i = 0; i < D; i++) a->xin[(size_t)r * D + i] = la->ln2[(size_t)t * D + i] * la->score[t];
   }
 }
 
-/* out (n, D) += mlp(x), keeping gate x and up x (n, mw) for the backward. */
-static void SUF(mlp_forward)(SUF(Acts) *a, SUF(LayerActs) *la, const SUF(LayerW) *w, int n,
-                             int D) {
-  int W = la->mw;
-  SUF(matmul_forward)(la->sg, la->ln2, w->sgate, n, D, W, 0);
-  SUF(matmul_forward)(la->su, la->ln2, w->sup, n, D, W, 0);
-  SUF(swiglu_forward)(a->hid, la->sg, la->su, n, W, W);
-  SUF(matmul_forward)(la->out, a->hid, w->sdown, n, W, D, 1);
-}
-
-/* From dout: the MLP's weight gradients, and a->dln = dL/dx (set):
- * dln = dsg @ gate + dsu @ up. */
-static void SUF(mlp_backward)(SUF(Acts) *a, SUF(LayerActs) *la, const SUF(LayerW) *w,
-                              const SUF(LayerW) *gw, const REAL *dout, int n, int D) {
-  int W = la->mw;
-  SUF(swiglu_forward)(a->hid, la->sg, la->su, n, W, W);
-  SUF(matmul_backward)(a->dhid, gw->sdown, dout, a->hid, w->sdown, n, W, D, 0);
-  REAL *dsg = a->dgu, *dsu = a->dgu + (size_t)n * W;
-  SUF(swiglu_backward)(dsg, dsu, a->dhid, la->sg, la->su, n, W, W);
-  SUF(matmul_backward)(a->dln, gw->sgate, dsg, la->ln2, w->sgate, n, D, W, 0);
-  SUF(matmul_backward)(a->dln, gw->sup, dsu, la->ln2, w->sup, n, D, W, 1);
-}
-
-/* The routed half of an MoE layer: out += expert_e*(x * score), after the
- * shared expert, so out = (h + mlp(x)) + routed in that order. */
-static void SUF(moe_forward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la, const SUF(LayerW) *w,
-                             int n) {
-  const L4Config *c = &m->c;
-  int D = c->embed_dim, E = c->num_experts, H = c->hidden_dim;
-
-  /* route: top-1 by logit, the score is the sigmoid of that logit */
-  SUF(matmul_forward)(a->rlogits, la->ln2, w->router, n, D, E, 0);
-  memset(la->offsets, 0, sizeof(int32_t) * (size_t)(E + 1));
-  for (int t = 0; t < n; t++) {
-    const REAL *lg = a->rlogits + (size_t)t * E;
-    int best = 0;
-    for (int e = 1; e < E; e++)
-      if (lg[e] > lg[best]) best = e;
-    la->choice[t] = best;
-    la->score[t] = SUF(sigmoid)(lg[best]);
-    la->offsets[best + 1]++;
-  }
-  for (int e = 0; e < E; e++) la->offsets[e + 1] += la->offsets[e];
-  memcpy(m->cursor, la->offsets, sizeof(int32_t) * (size_t)E);
-  for (int t = 0; t < n; t++) la->order[m->cursor[la->choice[t]]++] = t;
-
-  /* routed experts, one (tokens, D) @ (D, 2H) and (tokens, H) @ (H, D) each */
-  SUF(moe_gather_input)(a, la, n, D);
-  for (int e = 0; e < E; e++) {
-    int r0 = la->offsets[e], ne = la->offsets[e + 1] - r0;
-    if (ne == 0) continue;
-    REAL *gu = la->gu + (size_t)r0 * 2 * H, *hid = a->hid + (size_t)r0 * H;
-    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, ne, 2 * H, D, 1, a->xin + (size_t)r0 * D, D,
-         w->gate_up + (size_t)e * D * 2 * H, 2 * H, 0, gu, 2 * H);
-    SUF(swiglu_forward)(hid, gu, gu + H, ne, H, 2 * H);
-    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, ne, D, H, 1, hid, H,
-         w->down + (size_t)e * H * D, D, 0, a->ybuf + (size_t)r0 * D, D);
-  }
-  for (int r = 0; r < n; r++) {
-    REAL *o = la->out + (size_t)la->order[r] * D;
-    const REAL *y = a->ybuf + (size_t)r * D;
-    for (int i = 0; i < D; i++) o[i] += y[i];
+/* Item: rows of one expert, out[order[r]] += expert_e(xin[r]), one
+ * (rows, D) @ (D, 2H) and (rows, H) @ (H, D). A token has one expert, so
+ * the items write disjoint rows of out. */
+static void SUF(moe_forward_item)(SUF(Phase) *ph, int k, int slot) {
+  (void)slot;
+  const L4Config *c = &ph->m->c;
+  SUF(Acts) *a = ph->a;
+  SUF(LayerActs) *la = ph->la;
+  const SUF(LayerW) *w = ph->w;
+  int D = c->embed_dim, H = c->hidden_dim;
+  L4Item it = ph->m->items[k];
+  int e = it.expert, r0 = it.r0, ne = it.rows;
+  REAL *gu = la->gu + (size_t)r0 * 2 * H, *hid = a->ehid + (size_t)r0 * H;
+  REAL *y = a->ybuf + (size_t)r0 * D;
+  SUF(moe_gather_input)(a, la, r0, ne, D);
+  GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, ne, 2 * H, D, 1, a->xin + (size_t)r0 * D, D,
+       w->gate_up + (size_t)e * D * 2 * H, 2 * H, 0, gu, 2 * H);
+  SUF(swiglu_forward)(hid, gu, gu + H, ne, H, 2 * H);
+  GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, ne, D, H, 1, hid, H,
+       w->down + (size_t)e * H * D, D, 0, y, D);
+  for (int r = 0; r < ne; r++) {
+    REAL *o = la->out + (size_t)la->order[r0 + r] * D;
+    const REAL *yr = y + (size_t)r * D;
+    for (int i = 0; i < D; i++) o[i] += yr[i];
   }
 }
 
-/* The routed half's backward, from a->dres = dL/dout: adds into a->dln.
- * The top-1 choice is not differentiated: the router learns through the
- * score alone,
- *   dscore = <dxin, x>,  dlogit_e* = dscore * s (1 - s). */
-static void SUF(moe_backward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la, const SUF(LayerW) *w,
-                              const SUF(LayerW) *gw, int n) {
-  const L4Config *c = &m->c;
-  int D = c->embed_dim, E = c->num_experts, H = c->hidden_dim;
-  const REAL *dout = a->dres;
+/* Rows, from a->dres = dL/dout: the MLP's hid (again), dhid, dgate, dup,
+ * and a->dln = dL/dx (set) = dgate @ gate + dup @ up. */
+static void SUF(mlp_back_rows)(SUF(Phase) *ph, int t0, int nt, int slot) {
+  (void)slot;
+  SUF(Acts) *a = ph->a;
+  SUF(LayerActs) *la = ph->la;
+  const SUF(LayerW) *w = ph->w;
+  int D = ph->m->c.embed_dim, W = la->mw;
+  size_t rW = (size_t)t0 * W;
+  REAL *dsg = a->dgu + rW, *dsu = a->dgu + (size_t)ph->n * W + rW, *dln = a->dln + (size_t)t0 * D;
+  SUF(swiglu_forward)(a->hid + rW, la->sg + rW, la->su + rW, nt, W, W);
+  SUF(matmul_dx)(a->dhid + rW, a->dres + (size_t)t0 * D, w->sdown, nt, W, D, 0);
+  SUF(swiglu_backward)(dsg, dsu, a->dhid + rW, la->sg + rW, la->su + rW, nt, W, W, W);
+  SUF(matmul_dx)(dln, dsg, w->sgate, nt, D, W, 0);
+  SUF(matmul_dx)(dln, dsu, w->sup, nt, D, W, 1);
+}
 
-  /* routed experts: dy gathered into expert order; dxin overwrites xin
-   * once gate_up's weight gradient has read it */
-  for (int r = 0; r < n; r++)
-    memcpy(a->ybuf + (size_t)r * D, dout + (size_t)la->order[r] * D, sizeof(REAL) * (size_t)D);
-  SUF(moe_gather_input)(a, la, n, D);
-  for (int e = 0; e < E; e++) {
-    int r0 = la->offsets[e], ne = la->offsets[e + 1] - r0;
-    if (ne == 0) continue;
-    const REAL *gu = la->gu + (size_t)r0 * 2 * H, *dy = a->ybuf + (size_t)r0 * D;
-    const REAL *wgu = w->gate_up + (size_t)e * D * 2 * H, *wd = w->down + (size_t)e * H * D;
-    REAL *xin = a->xin + (size_t)r0 * D, *hid = a->hid, *dhid = a->dhid, *dgu = a->dgu;
-    SUF(swiglu_forward)(hid, gu, gu + H, ne, H, 2 * H);
-    /* down: y = hid @ wd, so dwd += hid^T dy and dhid = dy wd^T */
-    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, H, D, ne, 1, hid, H, dy, D, 1,
-         gw->down + (size_t)e * H * D, D);
-    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, ne, H, D, 1, dy, D, wd, D, 0, dhid, H);
-    SUF(swiglu_backward)(dgu, dgu + H, dhid, gu, gu + H, ne, H, 2 * H);
-    /* gate_up: gu = xin @ wgu, so dwgu += xin^T dgu and dxin = dgu wgu^T */
-    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, D, 2 * H, ne, 1, xin, D, dgu, 2 * H, 1,
-         gw->gate_up + (size_t)e * D * 2 * H, 2 * H);
-    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, ne, D, 2 * H, 1, dgu, 2 * H, wgu, 2 * H, 0, xin,
-         D);
-  }
-  for (int r = 0; r < n; r++) {
-    int t = la->order[r], e = la->choice[t];
+/* Item: expert e's backward over all its tokens (its weights' gradients
+ * sum over them), adding into a->dln. The top-1 choice is not
+ * differentiated: the router learns through the score alone,
+ *   dscore = <dxin, x>,  dlogit_e* = dscore * s (1 - s),
+ * and router row e's gradient is this item's alone. */
+static void SUF(moe_backward_item)(SUF(Phase) *ph, int e, int slot) {
+  (void)slot;
+  const L4Config *c = &ph->m->c;
+  SUF(Acts) *a = ph->a;
+  SUF(LayerActs) *la = ph->la;
+  const SUF(LayerW) *w = ph->w, *gw = ph->gw;
+  int D = c->embed_dim, H = c->hidden_dim;
+  int r0 = la->offsets[e], ne = la->offsets[e + 1] - r0;
+  if (ne == 0) return;
+  const REAL *gu = la->gu + (size_t)r0 * 2 * H;
+  const REAL *wgu = w->gate_up + (size_t)e * D * 2 * H, *wd = w->down + (size_t)e * H * D;
+  REAL *dy = a->ybuf + (size_t)r0 * D, *xin = a->xin + (size_t)r0 * D;
+  REAL *hid = a->ehid + (size_t)r0 * H, *dhid = a->edhid + (size_t)r0 * H;
+  REAL *dgu = a->edgu + (size_t)r0 * 2 * H;
+  /* dy gathered into expert order; dxin overwrites xin once gate_up's
+   * weight gradient has read it */
+  for (int r = 0; r < ne; r++)
+    memcpy(dy + (size_t)r * D, a->dres + (size_t)la->order[r0 + r] * D, sizeof(REAL) * (size_t)D);
+  SUF(moe_gather_input)(a, la, r0, ne, D);
+  SUF(swiglu_forward)(hid, gu, gu + H, ne, H, 2 * H);
+  /* down: y = hid @ wd, so dwd += hid^T dy and dhid = dy wd^T */
+  GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, H, D, ne, 1, hid, H, dy, D, 1,
+       gw->down + (size_t)e * H * D, D);
+  GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, ne, H, D, 1, dy, D, wd, D, 0, dhid, H);
+  SUF(swiglu_backward)(dgu, dgu + H, dhid, gu, gu + H, ne, H, 2 * H, 2 * H);
+  /* gate_up: gu = xin @ wgu, so dwgu += xin^T dgu and dxin = dgu wgu^T */
+  GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, D, 2 * H, ne, 1, xin, D, dgu, 2 * H, 1,
+       gw->gate_up + (size_t)e * D * 2 * H, 2 * H);
+  GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, ne, D, 2 * H, 1, dgu, 2 * H, wgu, 2 * H, 0, xin,
+       D);
+  const REAL *wr = w->router + (size_t)e * D;
+  REAL *gr = gw->router + (size_t)e * D;
+  for (int r = r0; r < r0 + ne; r++) {
+    int t = la->order[r];
     REAL s = la->score[t], *dx = a->dln + (size_t)t * D;
     const REAL *dxin = a->xin + (size_t)r * D, *x = la->ln2 + (size_t)t * D;
-    const REAL *wr = w->router + (size_t)e * D;
-    REAL *gr = gw->router + (size_t)e * D;
     double ds = 0;
     for (int i = 0; i < D; i++) ds += (double)dxin[i] * x[i];
     REAL dlogit = (REAL)ds * s * (1 - s);
@@ -594,70 +722,173 @@ static void SUF(moe_backward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la, cons
   }
 }
 
-static void SUF(ffn_forward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la, const SUF(LayerW) *w,
-                             int n) {
-  const L4Config *c = &m->c;
-  int D = c->embed_dim;
-  SUF(rmsnorm_forward)(la->ln2, la->ln2_rstd, la->h, w->ln2, n, D, c->norm_eps);
-  memcpy(la->out, la->h, sizeof(REAL) * (size_t)n * D);
-  SUF(mlp_forward)(a, la, w, n, D);
-  if (la->moe) SUF(moe_forward)(m, a, la, w, n);
+/* Rows: dres (dL/dout, which flows through the residual) += the ln2
+ * norm's dx: dL/dh. Then datt = dL/dh @ o_proj, the attention's dy. */
+static void SUF(ffn_norm_back_rows)(SUF(Phase) *ph, int t0, int nt, int slot) {
+  (void)slot;
+  const L4Config *c = &ph->m->c;
+  SUF(Acts) *a = ph->a;
+  SUF(LayerActs) *la = ph->la;
+  int D = c->embed_dim, QD = c->num_heads * c->head_dim;
+  size_t rD = (size_t)t0 * D;
+  SUF(rmsnorm_dx)(a->dres + rD, a->dln + rD, la->h + rD, la->ln2_rstd + t0, ph->w->ln2, nt, D);
+  SUF(matmul_dx)(a->datt + (size_t)t0 * QD, a->dres + rD, ph->w->wo, nt, QD, D, 0);
 }
 
-/* a->dres: in, dL/dout; out, dL/dh. */
-static void SUF(ffn_backward)(L4Model *m, SUF(Acts) *a, SUF(LayerActs) *la, const SUF(LayerW) *w,
-                              const SUF(LayerW) *gw, int n) {
-  int D = m->c.embed_dim;
-  SUF(mlp_backward)(a, la, w, gw, a->dres, n, D);
-  if (la->moe) SUF(moe_backward)(m, a, la, w, gw, n);
-  SUF(rmsnorm_backward)(a->dres, gw->ln2, a->dln, la->h, la->ln2_rstd, w->ln2, n, D);
+/* Rows: QK-norm and RoPE backward on dq, dk (or the temperature's), then
+ * dln = dq @ wq + dk @ wk + dv @ wv and dres (dL/dh) += the ln1 norm's dx:
+ * dL/dx. */
+static void SUF(attn_in_back_rows)(SUF(Phase) *ph, int t0, int nt, int slot) {
+  (void)slot;
+  const L4Config *c = &ph->m->c;
+  SUF(Acts) *a = ph->a;
+  SUF(LayerActs) *la = ph->la;
+  const SUF(LayerW) *w = ph->w;
+  int D = c->embed_dim, nh = c->num_heads, nkv = c->num_kv_heads, hd = c->head_dim;
+  int QD = nh * hd, KVD = nkv * hd, qk = c->use_qk_norm;
+  size_t rD = (size_t)t0 * D;
+  REAL *dq = a->dq + (size_t)t0 * QD, *dk = a->dk + (size_t)t0 * KVD, *dln = a->dln + rD;
+  if (l4_layer_uses_rope(c, ph->l)) {
+    SUF(rope_norm_backward)(dq, la->q + (size_t)t0 * QD, qk ? la->q_rstd + (size_t)t0 * nh : NULL,
+                            a, t0, nt, nh, hd);
+    SUF(rope_norm_backward)(dk, la->k + (size_t)t0 * KVD,
+                            qk ? la->k_rstd + (size_t)t0 * nkv : NULL, a, t0, nt, nkv, hd);
+  } else if (c->attn_temperature_tuning) {
+    SUF(rows_scale)(dq, a->temp + t0, nt, QD);
+  }
+  SUF(matmul_dx)(dln, dq, w->wq, nt, D, QD, 0);
+  SUF(matmul_dx)(dln, dk, w->wk, nt, D, KVD, 1);
+  SUF(matmul_dx)(dln, a->dv + (size_t)t0 * KVD, w->wv, nt, D, KVD, 1);
+  SUF(rmsnorm_dx)(a->dres + rD, dln, la->x + rD, la->ln1_rstd + t0, w->ln1, nt, D);
+}
+
+static void SUF(layer_forward)(SUF(Phase) *ph) {
+  L4Model *m = ph->m;
+  const L4Config *c = &m->c;
+  SUF(phase_run)(ph, 0, NULL, SUF(attn_in_rows));
+  SUF(phase_run)(ph, ph->bt->B * c->num_heads, SUF(attention_forward_item), NULL);
+  SUF(phase_run)(ph, 0, NULL, SUF(attn_out_mlp_rows));
+  if (ph->la->moe) SUF(phase_run)(ph, SUF(moe_group)(m, ph->la, ph->n), SUF(moe_forward_item), NULL);
+}
+
+/* a->dres: in, dL/dout of the layer; out, dL/dx. */
+static void SUF(layer_backward)(SUF(Phase) *ph) {
+  const L4Config *c = &ph->m->c;
+  SUF(Acts) *a = ph->a;
+  SUF(LayerActs) *la = ph->la;
+  const SUF(LayerW) *gw = ph->gw;
+  int n = ph->n, D = c->embed_dim, W = la->mw, QD = c->num_heads * c->head_dim;
+  int KVD = c->num_kv_heads * c->head_dim;
+  /* the feed-forward: the MLP's rows, then the experts beside the MLP's
+   * weight gradients */
+  SUF(phase_run)(ph, 0, NULL, SUF(mlp_back_rows));
+  ph->wg[ph->nwg++] = SUF(wgrad)(gw->sdown, a->dres, D, a->hid, W, D, W, n);
+  ph->wg[ph->nwg++] = SUF(wgrad)(gw->sgate, a->dgu, W, la->ln2, D, W, D, n);
+  ph->wg[ph->nwg++] = SUF(wgrad)(gw->sup, a->dgu + (size_t)n * W, W, la->ln2, D, W, D, n);
+  SUF(phase_run)(ph, la->moe ? c->num_experts : 0, SUF(moe_backward_item), NULL);
+  /* ln2's dx and o_proj's dx by rows, beside ln2's weight gradient */
+  ph->ng[ph->nng++] = (SUF(NGrad)){gw->ln2, a->dln, la->h, la->ln2_rstd};
+  SUF(phase_run)(ph, 0, NULL, SUF(ffn_norm_back_rows));
+  /* attention, beside o_proj's weight gradient */
+  ph->wg[ph->nwg++] = SUF(wgrad)(gw->wo, a->dres, D, la->att, QD, D, QD, n);
+  SUF(phase_run)(ph, ph->bt->B * c->num_kv_heads, SUF(attention_backward_item), NULL);
+  SUF(phase_run)(ph, 0, NULL, SUF(attn_in_back_rows));
+  ph->wg[ph->nwg++] = SUF(wgrad)(gw->wq, a->dq, QD, la->ln1, D, QD, D, n);
+  ph->wg[ph->nwg++] = SUF(wgrad)(gw->wk, a->dk, KVD, la->ln1, D, KVD, D, n);
+  ph->wg[ph->nwg++] = SUF(wgrad)(gw->wv, a->dv, KVD, la->ln1, D, KVD, D, n);
+  ph->ng[ph->nng++] = (SUF(NGrad)){gw->ln1, a->dln, la->x, la->ln1_rstd};
+  SUF(phase_run)(ph, 0, NULL, NULL);
 }
 
 /* ---- the output head: rmsnorm, lm_head, summed cross-entropy ------------------------------
- * Blocks of L4_HEAD_ROWS tokens: logits, then in place their gradient
- * softmax - onehot, then lm_head's gradients. Blocks without a counted
- * target skip the matmuls. Sets a->dln to dL/dlnf when g is not NULL. */
-static double SUF(head_run)(L4Model *m, SUF(Acts) *a, REAL *const *p, REAL *const *g,
-                            const L4Batch *bt, int64_t *count) {
+ * Blocks of head_block_rows tokens: logits, then in place their gradient
+ * softmax - onehot, then lm_head's gradients. Row blocks without a counted
+ * target skip the matmul (their gradient rows are zero). */
+
+/* Rows: lnf = rmsnorm(x_L); the logits; each row's loss, and with grads
+ * its gradient in place. */
+static void SUF(head_rows)(SUF(Phase) *ph, int t0, int nt, int slot) {
+  (void)slot;
+  L4Model *m = ph->m;
   const L4Config *c = &m->c;
-  int n = bt->B * bt->T, D = c->embed_dim, V = c->vocab_size;
-  const REAL *W = p[T_LM_HEAD(c)];
-  double loss = 0;
-  *count = 0;
-  for (int r0 = 0; r0 < n; r0 += L4_HEAD_ROWS) {
-    int rows = n - r0 < L4_HEAD_ROWS ? n - r0 : L4_HEAD_ROWS, counted = 0;
-    for (int r = 0; r < rows; r++) counted += bt->targets[r0 + r] != -100;
-    if (counted == 0) {
-      if (g) memset(a->dln + (size_t)r0 * D, 0, sizeof(REAL) * (size_t)rows * D);
+  SUF(Acts) *a = ph->a;
+  int D = c->embed_dim, V = c->vocab_size, grads = ph->g != NULL;
+  const REAL *xf = a->res + (size_t)c->num_layers * m->max_batch * m->max_seq * D;
+  REAL *lnf = a->lnf + (size_t)t0 * D, *logits = a->logits + (size_t)(t0 - ph->h0) * V;
+  SUF(rmsnorm_forward)(lnf, a->lnf_rstd + t0, xf + (size_t)t0 * D, ph->p[T_NORM(c)], nt, D,
+                       c->norm_eps);
+  int counted = 0;
+  for (int r = 0; r < nt; r++) counted += ph->bt->targets[t0 + r] != -100;
+  if (counted == 0) {
+    for (int r = 0; r < nt; r++) m->row_loss[t0 + r] = 0;
+    if (grads) memset(logits, 0, sizeof(REAL) * (size_t)nt * V);
+    return;
+  }
+  SUF(matmul_forward)(logits, lnf, ph->p[T_LM_HEAD(c)], nt, D, V, 0);
+  for (int r = 0; r < nt; r++) {
+    REAL *lg = logits + (size_t)r * V;
+    int tgt = ph->bt->targets[t0 + r];
+    m->row_loss[t0 + r] = 0;
+    if (tgt == -100) {
+      if (grads) memset(lg, 0, sizeof(REAL) * (size_t)V);
       continue;
     }
-    SUF(matmul_forward)(a->logits, a->lnf + (size_t)r0 * D, W, rows, D, V, 0);
-    for (int r = 0; r < rows; r++) {
-      REAL *lg = a->logits + (size_t)r * V;
-      int tgt = bt->targets[r0 + r];
-      if (tgt == -100) {
-        if (g) memset(lg, 0, sizeof(REAL) * (size_t)V);
-        continue;
-      }
-      REAL mx = lg[0], picked = lg[tgt];
-      for (int v = 1; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
-      double sum = 0;
-      if (g) { /* keep exp(logit - max): the gradient is it / sum, minus the one-hot */
-        for (int v = 0; v < V; v++) sum += lg[v] = R_EXP(lg[v] - mx);
-        REAL inv = (REAL)(1.0 / sum);
-        for (int v = 0; v < V; v++) lg[v] *= inv;
-        lg[tgt] -= 1;
-      } else {
-        for (int v = 0; v < V; v++) sum += R_EXP(lg[v] - mx);
-      }
-      loss += mx + log(sum) - picked;
-      (*count)++;
+    REAL mx = lg[0], picked = lg[tgt];
+    for (int v = 1; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
+    double sum = 0;
+    if (grads) { /* keep exp(logit - max): the gradient is it / sum, minus the one-hot */
+      for (int v = 0; v < V; v++) sum += lg[v] = R_EXP(lg[v] - mx);
+      REAL inv = (REAL)(1.0 / sum);
+      for (int v = 0; v < V; v++) lg[v] *= inv;
+      lg[tgt] -= 1;
+    } else {
+      for (int v = 0; v < V; v++) sum += R_EXP(lg[v] - mx);
     }
-    if (g)
-      SUF(matmul_backward)(a->dln + (size_t)r0 * D, g[T_LM_HEAD(c)], a->logits,
-                           a->lnf + (size_t)r0 * D, W, rows, D, V, 0);
+    m->row_loss[t0 + r] = mx + log(sum) - picked;
   }
-  return loss;
+}
+
+/* Rows: dln = dlogits @ lm_head, dL/dlnf. */
+static void SUF(head_back_rows)(SUF(Phase) *ph, int t0, int nt, int slot) {
+  (void)slot;
+  const L4Config *c = &ph->m->c;
+  SUF(Acts) *a = ph->a;
+  int D = c->embed_dim, V = c->vocab_size;
+  SUF(matmul_dx)(a->dln + (size_t)t0 * D, a->logits + (size_t)(t0 - ph->h0) * V,
+                 ph->p[T_LM_HEAD(c)], nt, D, V, 0);
+}
+
+/* Rows: dres = the final norm's dx. */
+static void SUF(final_norm_back_rows)(SUF(Phase) *ph, int t0, int nt, int slot) {
+  (void)slot;
+  L4Model *m = ph->m;
+  const L4Config *c = &m->c;
+  SUF(Acts) *a = ph->a;
+  int D = c->embed_dim;
+  size_t rD = (size_t)t0 * D;
+  const REAL *xf = a->res + (size_t)c->num_layers * m->max_batch * m->max_seq * D;
+  memset(a->dres + rD, 0, sizeof(REAL) * (size_t)nt * D);
+  SUF(rmsnorm_dx)(a->dres + rD, a->dln + rD, xf + rD, a->lnf_rstd + t0, ph->p[T_NORM(c)], nt, D);
+}
+
+/* Rows: the batch's RoPE tables and temperatures, and the embeddings. */
+static void SUF(prologue_rows)(SUF(Phase) *ph, int t0, int nt, int slot) {
+  (void)slot;
+  L4Model *m = ph->m;
+  const L4Config *c = &m->c;
+  SUF(Acts) *a = ph->a;
+  int half = c->head_dim / 2, D = c->embed_dim;
+  for (int t = t0; t < t0 + nt; t++) {
+    for (int i = 0; i < half; i++) {
+      double ang = (double)m->pos[t] * m->inv_freq[i];
+      a->rope_cos[(size_t)t * half + i] = (REAL)cos(ang);
+      a->rope_sin[(size_t)t * half + i] = (REAL)sin(ang);
+    }
+    double f = floor((m->pos[t] + 1.0) / c->attn_floor_scale);
+    a->temp[t] = c->attn_temperature_tuning ? (REAL)(log1p(f) * c->attn_scale + 1.0) : 1;
+    memcpy(a->res + (size_t)t * D, ph->p[T_EMBED] + (size_t)ph->bt->tokens[t] * D,
+           sizeof(REAL) * (size_t)D);
+  }
 }
 
 /* ---- the whole model ---------------------------------------------------------------- */
@@ -678,36 +909,45 @@ static double SUF(model_run)(L4Model *m, REAL *const *p, REAL *const *g, const L
   }
   SUF(Acts) a;
   SUF(acts_bind)(m, m->acts, &a);
-  SUF(rope_tables)(m, &a, n);
-  for (int t = 0; t < n; t++) {
-    double f = floor((m->pos[t] + 1.0) / c->attn_floor_scale);
-    a.temp[t] = c->attn_temperature_tuning ? (REAL)(log1p(f) * c->attn_scale + 1.0) : 1;
-  }
-
-  for (int t = 0; t < n; t++)
-    memcpy(a.res + (size_t)t * D, p[T_EMBED] + (size_t)bt->tokens[t] * D,
-           sizeof(REAL) * (size_t)D);
+  SUF(Phase) ph = {.m = m, .a = &a, .bt = bt, .p = p, .g = g, .n = n};
+  SUF(phase_run)(&ph, 0, NULL, SUF(prologue_rows));
+  SUF(LayerActs) la;
   for (int l = 0; l < L; l++) {
-    SUF(LayerActs) la = SUF(layer_acts)(m, &a, l);
+    la = SUF(layer_acts)(m, &a, l);
     SUF(LayerW) w = SUF(layer_weights)(c, p, l);
-    SUF(attn_block_forward)(m, &a, &la, &w, bt, l);
-    SUF(ffn_forward)(m, &a, &la, &w, n);
+    ph.la = &la, ph.w = &w, ph.l = l;
+    SUF(layer_forward)(&ph);
   }
-  const REAL *xf = a.res + (size_t)L * m->max_batch * m->max_seq * D;
-  SUF(rmsnorm_forward)(a.lnf, a.lnf_rstd, xf, p[T_NORM(c)], n, D, c->norm_eps);
-  int64_t count;
-  double loss = SUF(head_run)(m, &a, p, g, bt, &count);
+  ph.la = NULL, ph.w = NULL;
+
+  /* the head, block by block; the loss summed in token order */
+  int hb = (int)head_block_rows((size_t)n, (size_t)V);
+  for (int h0 = 0; h0 < n; h0 += hb) {
+    ph.h0 = h0, ph.hn = n - h0 < hb ? n - h0 : hb;
+    int rows = ph.hn;
+    SUF(phase_run)(&ph, 0, NULL, SUF(head_rows));
+    if (!g) continue;
+    ph.h0 = h0, ph.hn = rows;
+    ph.wg[ph.nwg++] = SUF(wgrad)(g[T_LM_HEAD(c)], a.logits, V, a.lnf + (size_t)h0 * D, D, V, D, rows);
+    SUF(phase_run)(&ph, 0, NULL, SUF(head_back_rows));
+  }
+  double loss = 0;
+  int64_t count = 0;
+  for (int t = 0; t < n; t++)
+    if (bt->targets[t] != -100) loss += m->row_loss[t], count++;
   if (ntokens) *ntokens = count;
   if (!g) return loss;
 
-  memset(a.dres, 0, sizeof(REAL) * (size_t)n * D);
-  SUF(rmsnorm_backward)(a.dres, g[T_NORM(c)], a.dln, xf, a.lnf_rstd, p[T_NORM(c)], n, D);
+  const REAL *xf = a.res + (size_t)L * m->max_batch * m->max_seq * D;
+  ph.ng[ph.nng++] = (SUF(NGrad)){g[T_NORM(c)], a.dln, xf, a.lnf_rstd};
+  SUF(phase_run)(&ph, 0, NULL, SUF(final_norm_back_rows));
   for (int l = L - 1; l >= 0; l--) {
-    SUF(LayerActs) la = SUF(layer_acts)(m, &a, l);
+    la = SUF(layer_acts)(m, &a, l);
     SUF(LayerW) w = SUF(layer_weights)(c, p, l), gw = SUF(layer_weights)(c, g, l);
-    SUF(ffn_backward)(m, &a, &la, &w, &gw, n);
-    SUF(attn_block_backward)(m, &a, &la, &w, &gw, bt, l);
+    ph.la = &la, ph.w = &w, ph.gw = &gw, ph.l = l;
+    SUF(layer_backward)(&ph);
   }
+  /* the embedding's gradient: rows of a repeated token add in token order */
   for (int t = 0; t < n; t++) {
     REAL *ge = g[T_EMBED] + (size_t)bt->tokens[t] * D;
     const REAL *d = a.dres + (size_t)t * D;
