@@ -259,15 +259,22 @@ static const char *kind_desc(KeyKind k) {
   return "?";
 }
 
+/* An integer as the key check takes it: its spelling, even past a long, so
+ * that where the key is read its range is what the message names. */
+static bool is_int(const YamlNode *n, const char *key) {
+  long l;
+  const char *d = n->kind == YAML_SCALAR && n->plain ? n->str + (n->str[0] == '-' || n->str[0] == '+') : "";
+  return (*d && strspn(d, "0123456789") == strlen(d)) || yaml_int(n, key, &l);
+}
+
 static bool check_kind(const YamlNode *n, const char *key, KeyKind k) {
   double d;
-  long l;
   bool b;
   switch (k) {
   case K_ANY: return true;
   case K_STR: return yaml_string(n, key, &(const char *){0});
-  case K_INT: return yaml_int(n, key, &l);
-  case K_INT_OR_NULL: return yaml_is_null(n) || yaml_int(n, key, &l);
+  case K_INT: return is_int(n, key);
+  case K_INT_OR_NULL: return yaml_is_null(n) || is_int(n, key);
   case K_NUM_OR_NULL: return yaml_is_null(n) || yaml_double(n, key, &d);
   case K_BOOL: return yaml_bool(n, key, &b);
   case K_MAP:
@@ -391,6 +398,67 @@ static const ModelField model_fields[] = {
 };
 #undef MF
 
+/* Limits on the model block: each dim an int (the model's L4Config), at most
+ * MODEL_MAX_LAYERS layers, real-valued keys finite, and at most 2^48
+ * parameters in all, so that every tensor's numel, their sum and the bytes
+ * of any buffer of them are exact in int64. */
+#define MODEL_MAX_LAYERS 4096
+#define MODEL_MAX_REAL 1e30
+#define MODEL_MAX_PARAMS ((double)((int64_t)1 << 48))
+
+/* Where a message about key k (else k2) of the model section points: at its
+ * value when the recipe gives it, else at the section. */
+static SrcPos model_pos(const YamlNode *n, const char *k, const char *k2) {
+  const YamlNode *v = yaml_get(n, k);
+  if (!v && k2)
+    v = yaml_get(n, k2);
+  return v ? v->pos : n->pos;
+}
+
+/* The parameter count, as inventory.c lays the tensors out, in doubles (which
+ * cannot overflow at these dims): two V x D embeddings, and per layer the
+ * attention, two norms and a MoE (router, E experts of 3 D x H, the shared
+ * expert) or a dense SwiGLU of 3 D x Hm. Over the limit, the message points at
+ * the largest term's widest key. */
+static bool check_model_size(const ModelConfig *m, const YamlNode *n) {
+  double D = (double)m->embed_dim, L = (double)m->num_layers;
+  double nmoe = m->moe_every_n_layers <= 1 ? L : (double)(m->num_layers / m->moe_every_n_layers);
+  double q = (double)m->num_heads * m->head_dim, kv = (double)m->num_kv_heads * m->head_dim;
+  struct { double n; const char *keys[4]; } terms[] = {
+      {2 * (double)m->vocab_size * D + D, {"vocab_size", "embed_dim"}},
+      {L * (2 * q * D + 2 * kv * D + 2 * D), {"num_layers", "num_heads", "head_dim", "embed_dim"}},
+      {nmoe * (double)m->num_experts * D * (1 + 3 * (double)m->hidden_dim), {"num_experts", "hidden_dim", "embed_dim"}},
+      {m->use_shared_expert ? nmoe * 3 * (double)m->shared_hidden_dim * D : 0, {"shared_hidden_dim", "embed_dim"}},
+      {(L - nmoe) * 3 * (double)m->mlp_hidden_dim * D, {"mlp_hidden_dim", "embed_dim"}},
+  };
+  double total = 0;
+  int big = 0;
+  for (int i = 0; i < (int)ARRAY_LEN(terms); i++) {
+    total += terms[i].n;
+    if (terms[i].n > terms[big].n)
+      big = i;
+  }
+  if (total <= MODEL_MAX_PARAMS)
+    return true;
+  const YamlNode *at = NULL;
+  long widest = 0;
+  for (int k = 0; k < 4 && terms[big].keys[k]; k++) {
+    const YamlNode *v = yaml_get(n, terms[big].keys[k]);
+    long x;
+    if (v && v->kind == YAML_SCALAR && yaml_int(v, terms[big].keys[k], &x) && x > widest)
+      at = v, widest = x;
+  }
+  Buf b = {0};
+  for (int k = 0; k < 4 && terms[big].keys[k]; k++)
+    buf_printf(&b, "%s%s", k ? " x " : "", terms[big].keys[k]);
+  error_at(at ? at->pos : n->pos,
+           "model: %.4g parameters (%.4g of them from %s) is out of range [1, 2^48 = %.0f]: the model does not fit "
+           "in memory or int64",
+           total, terms[big].n, b.data, MODEL_MAX_PARAMS);
+  buf_free(&b);
+  return false;
+}
+
 static bool parse_model(Recipe *r, const YamlNode *n) {
   const YamlNode *comp = yaml_get(n, "_component_");
   if (!comp || comp->kind != YAML_SCALAR) {
@@ -434,53 +502,62 @@ static bool parse_model(Recipe *r, const YamlNode *n) {
     if (f->is_double) {
       if (!yaml_double(v, what, (double *)p))
         return false;
-      if (!(*(double *)p > 0)) {
-        error_at(v->pos, "%s must be positive", what);
+      if (!(*(double *)p > 0 && *(double *)p <= MODEL_MAX_REAL)) {
+        error_at(v->pos, "%s: %s is out of range (0, 1e30]", what, v->str);
         return false;
       }
     } else if (f->is_bool) {
       if (!yaml_bool(v, what, (bool *)p))
         return false;
     } else {
-      if (!yaml_int(v, what, (long *)p))
+      /* the model's dims are ints (L4Config); the layer count bounds the tensor count */
+      long hi = strcmp(f->key, "num_layers") == 0 ? MODEL_MAX_LAYERS : INT32_MAX;
+      if (!yaml_int_in(v, what, 1, hi, (long *)p))
         return false;
-      if (*(long *)p <= 0) {
-        error_at(v->pos, "%s must be positive", what);
-        return false;
-      }
     }
   }
   if (!yaml_get(n, "shared_hidden_dim"))
     m.shared_hidden_dim = m.hidden_dim;
   if (m.moe_every_n_layers > 1 && m.mlp_hidden_dim <= 0) {
-    error_at(n->pos, "model: moe_every_n_layers %ld needs mlp_hidden_dim, the dense layers' width",
-             m.moe_every_n_layers);
+    error_at(model_pos(n, "moe_every_n_layers", NULL),
+             "model: moe_every_n_layers %ld needs mlp_hidden_dim, the dense layers' width", m.moe_every_n_layers);
     return false;
   }
-  const YamlNode *at = yaml_get(n, "head_dim") ? yaml_get(n, "head_dim") : n;
   if (!m.head_dim) {
     if (m.embed_dim % m.num_heads) {
-      error_at(at->pos, "model: embed_dim %ld is not divisible by num_heads %ld", m.embed_dim, m.num_heads);
+      error_at(model_pos(n, "num_heads", "embed_dim"), "model: embed_dim %ld is not divisible by num_heads %ld",
+               m.embed_dim, m.num_heads);
       return false;
     }
     m.head_dim = m.embed_dim / m.num_heads;
   }
   if (m.num_heads % m.num_kv_heads) {
-    error_at(n->pos, "model: num_heads %ld is not divisible by num_kv_heads %ld", m.num_heads, m.num_kv_heads);
+    error_at(model_pos(n, "num_kv_heads", "num_heads"), "model: num_heads %ld is not divisible by num_kv_heads %ld",
+             m.num_heads, m.num_kv_heads);
     return false;
   }
   if (m.head_dim % 2) {
-    error_at(at->pos, "model: head_dim %ld must be even for RoPE", m.head_dim);
+    error_at(model_pos(n, "head_dim", "num_heads"), "model: head_dim %ld must be even for RoPE", m.head_dim);
     return false;
   }
   if (m.experts_per_token > m.num_experts) {
-    error_at(n->pos, "model: experts_per_token %ld exceeds num_experts %ld", m.experts_per_token, m.num_experts);
+    error_at(model_pos(n, "experts_per_token", "num_experts"), "model: experts_per_token %ld exceeds num_experts %ld",
+             m.experts_per_token, m.num_experts);
     return false;
   }
   if (m.experts_per_token != 1) {
-    error_at(n->pos, "model: optc's Llama 4 router is top-1 (experts_per_token: 1), as Scout's is");
+    error_at(model_pos(n, "experts_per_token", NULL),
+             "model: optc's Llama 4 router is top-1 (experts_per_token: 1), as Scout's is");
     return false;
   }
+  if ((double)m.num_heads * m.head_dim > INT32_MAX) {
+    error_at(model_pos(n, "head_dim", "num_heads"),
+             "model: num_heads x head_dim (%ld x %ld) is out of range [1, %d], the query projection's width",
+             m.num_heads, m.head_dim, INT32_MAX);
+    return false;
+  }
+  if (!check_model_size(&m, n))
+    return false;
   r->has_model = true;
   r->model = m;
   return true;
@@ -864,23 +941,22 @@ Recipe *recipe_from_text(const char *name, const char *text, const char *const *
     yaml_bool(v, "fsdp_cpu_offload", &r->fsdp_cpu_offload);
   if ((v = yaml_get(root, "shuffle")))
     yaml_bool(v, "shuffle", &r->shuffle);
-  struct { const char *key; long *out; long min; } ints[] = {
-      {"batch_size", &r->batch_size, 1},
-      {"gradient_accumulation_steps", &r->gradient_accumulation_steps, 1},
-      {"epochs", &r->epochs, 1},
-      {"max_steps_per_epoch", &r->max_steps_per_epoch, 1},
-      {"max_steps", &r->max_steps, 1},
-      {"seed", &r->seed, 0},
+  /* Ranges that keep every product of them (tokens = batch_size x
+   * max_seq_len, steps = epochs x steps per epoch) well inside int64; the
+   * seed's is torchtune's set_seed's, a uint32. */
+  struct { const char *key; long *out; long lo, hi; } ints[] = {
+      {"batch_size", &r->batch_size, 1, 1 << 16},
+      {"gradient_accumulation_steps", &r->gradient_accumulation_steps, 1, 1 << 20},
+      {"epochs", &r->epochs, 1, 1 << 20},
+      {"max_steps_per_epoch", &r->max_steps_per_epoch, 1, INT32_MAX},
+      {"max_steps", &r->max_steps, 1, INT32_MAX},
+      {"seed", &r->seed, 0, UINT32_MAX},
   };
   for (size_t i = 0; i < ARRAY_LEN(ints); i++) {
     if (!(v = yaml_get(root, ints[i].key)) || yaml_is_null(v))
       continue;
-    if (!yaml_int(v, ints[i].key, ints[i].out))
+    if (!yaml_int_in(v, ints[i].key, ints[i].lo, ints[i].hi, ints[i].out))
       return NULL;
-    if (*ints[i].out < ints[i].min) {
-      error_at(v->pos, "%s must be at least %ld", ints[i].key, ints[i].min);
-      return NULL;
-    }
     if (ints[i].out == &r->seed)
       r->has_seed = true;
   }

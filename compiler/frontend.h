@@ -40,6 +40,9 @@ bool yaml_is_null(const YamlNode *n);
 /* Typed reads; `what` names the key in messages (e.g. "optimizer.lr"). */
 bool yaml_double(const YamlNode *n, const char *what, double *out);
 bool yaml_int(const YamlNode *n, const char *what, long *out);
+/* An integer in [lo, hi]; one outside (a long or not) is an error at n that
+ * names the range. */
+bool yaml_int_in(const YamlNode *n, const char *what, long lo, long hi, long *out);
 bool yaml_bool(const YamlNode *n, const char *what, bool *out);
 bool yaml_string(const YamlNode *n, const char *what, const char **out);
 

@@ -241,6 +241,24 @@ bool yaml_int(const YamlNode *n, const char *what, long *out) {
   return true;
 }
 
+bool yaml_int_in(const YamlNode *n, const char *what, long lo, long hi, long *out) {
+  /* all digits but past a long is out of range too: strtol clamps it */
+  const char *s = n->kind == YAML_SCALAR && n->plain ? n->str : "";
+  const char *d = s + (*s == '-' || *s == '+');
+  long v;
+  errno = 0;
+  if (*d && strspn(d, "0123456789") == strlen(d))
+    v = strtol(s, NULL, 10);
+  else if (!yaml_int(n, what, &v))
+    return false;
+  if (v < lo || v > hi || errno == ERANGE) {
+    error_at(n->pos, "%s: %s is out of range [%ld, %ld]", what, s, lo, hi);
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
 bool yaml_bool(const YamlNode *n, const char *what, bool *out) {
   if (n->kind == YAML_SCALAR && n->plain) {
     const char *s = n->str;

@@ -156,6 +156,10 @@ int ckpt_format_files(const char *fmt, const char *max_filename, char ***out, in
     snprintf(why, whylen, "max_filename '%s' names no files", max_filename);
     return -1;
   }
+  if (count > 99999) { /* a list of names allocated up front */
+    snprintf(why, whylen, "max_filename '%s' is out of range [1, 99999] files", max_filename);
+    return -1;
+  }
   char **names = calloc((size_t)count + 1, sizeof(char *));
   ASSERT(names);
   for (long i = 0; i < count; i++) {
@@ -338,12 +342,8 @@ int ckpt_config(const Recipe *r, const char *(*interp)(void *ctx, const char *s)
     }
   }
   if ((v = yaml_get(ck, "keep_last_n_checkpoints")) && !yaml_is_null(v)) {
-    if (!yaml_int(v, "checkpointer.keep_last_n_checkpoints", &c->keep_last_n))
+    if (!yaml_int_in(v, "checkpointer.keep_last_n_checkpoints", 1, INT32_MAX, &c->keep_last_n))
       return -1;
-    if (c->keep_last_n < 1) {
-      error_at(v->pos, "checkpointer.keep_last_n_checkpoints must be greater than or equal to 1");
-      return -1;
-    }
   }
   /* optc's key: torchtune passes max_shard_size="5GB" to save_checkpoint */
   if ((v = yaml_get(ck, "max_shard_size")) && !yaml_is_null(v)) {
@@ -426,6 +426,15 @@ static bool positive(const Cfg *c, const char *key, long v) {
   if (v > 0)
     return true;
   error("%s: %s%s is %ld; it must be positive", c->path, c->pre, key, v);
+  return false;
+}
+
+/* The limits the recipe's model block has (frontend.c): the model's dims
+ * are ints, at most 4096 layers. */
+static bool at_most(const Cfg *c, const char *key, long v, long hi) {
+  if (v <= hi)
+    return true;
+  error("%s: %s%s is %ld; it is out of range [1, %ld]", c->path, c->pre, key, v, hi);
   return false;
 }
 
@@ -594,10 +603,14 @@ int hf_config_read(const char *path, HfConfig *out) {
       !positive(&c, "intermediate_size", inter) || !positive(&c, "num_local_experts", experts) ||
       !positive(&c, "interleave_moe_layer_step", step) || !positive(&c, "floor_scale", floor_scale))
     goto out;
-  if (layers > 100000 || heads > 100000 || vocab > INT32_MAX || hidden > INT32_MAX || inter > INT32_MAX) {
-    error("%s: %sdims too large", path, c.pre);
+  if (!at_most(&c, "vocab_size", vocab, INT32_MAX) || !at_most(&c, "num_hidden_layers", layers, 4096) ||
+      !at_most(&c, "num_attention_heads", heads, INT32_MAX) || !at_most(&c, "num_key_value_heads", kv, INT32_MAX) ||
+      !at_most(&c, "hidden_size", hidden, INT32_MAX) || !at_most(&c, "head_dim", head_dim, INT32_MAX) ||
+      !at_most(&c, "intermediate_size", inter, INT32_MAX) || !at_most(&c, "intermediate_size_mlp", inter_mlp, INT32_MAX) ||
+      !at_most(&c, "num_local_experts", experts, INT32_MAX) || !at_most(&c, "attention_chunk_size", chunk, INT32_MAX) ||
+      !at_most(&c, "interleave_moe_layer_step", step, INT32_MAX) ||
+      !at_most(&c, "num_attention_heads x head_dim", heads * head_dim, INT32_MAX))
     goto out;
-  }
   if (topk != 1) {
     error("%s: %snum_experts_per_tok is %ld; optc's Llama 4 router is top-1, as Scout's is", path, c.pre, topk);
     goto out;
@@ -636,6 +649,17 @@ int hf_config_read(const char *path, HfConfig *out) {
   }
   if (step > 1 && !positive(&c, "intermediate_size_mlp", inter_mlp))
     goto out;
+  /* at most 2^48 parameters, as the recipe's model block: counted in
+   * doubles, which cannot overflow at these dims */
+  double D = (double)hidden, nmoe = step <= 1 ? (double)layers : (double)(layers / step);
+  double params = 2 * (double)vocab * D + D +
+                  (double)layers * (2 * (double)(heads + kv) * (double)head_dim * D + 2 * D) +
+                  nmoe * ((double)experts * D * (1 + 3 * (double)inter) + 3 * (double)inter * D) +
+                  ((double)layers - nmoe) * 3 * (double)inter_mlp * D;
+  if (params > (double)((int64_t)1 << 48)) {
+    error("%s: %.4g parameters is out of range [1, 2^48]: the model does not fit in memory or int64", path, params);
+    goto out;
+  }
   l->vocab_size = (int)vocab;
   l->num_layers = (int)layers;
   l->num_heads = (int)heads;

@@ -144,9 +144,11 @@ bool tokenizer_from_config(const YamlNode *node, Tokenizer *out) {
       }
     }
     long dummy;
-    if (yaml_get(node, "image_size") && !yaml_int(yaml_get(node, "image_size"), "tokenizer.image_size", &dummy))
+    if (yaml_get(node, "image_size") &&
+        !yaml_int_in(yaml_get(node, "image_size"), "tokenizer.image_size", 1, INT32_MAX, &dummy))
       return false;
-    if (yaml_get(node, "max_num_tiles") && !yaml_int(yaml_get(node, "max_num_tiles"), "tokenizer.max_num_tiles", &dummy))
+    if (yaml_get(node, "max_num_tiles") &&
+        !yaml_int_in(yaml_get(node, "max_num_tiles"), "tokenizer.max_num_tiles", 1, INT32_MAX, &dummy))
       return false;
   }
   const YamlNode *m = yaml_get(node, "max_seq_len");
@@ -154,12 +156,8 @@ bool tokenizer_from_config(const YamlNode *node, Tokenizer *out) {
     t.max_seq_len = 0;
     if (!yaml_is_null(m)) {
       long v;
-      if (!yaml_int(m, "tokenizer.max_seq_len", &v))
+      if (!yaml_int_in(m, "tokenizer.max_seq_len", 2, 1 << 20, &v))
         return false;
-      if (v < 2 || v > (1 << 20)) {
-        error_at(m->pos, "tokenizer.max_seq_len: %ld is out of range [2, %d]", v, 1 << 20);
-        return false;
-      }
       t.max_seq_len = (int)v;
     }
   }
@@ -820,10 +818,10 @@ static bool opt_bool(const YamlNode *node, const char *where, const char *key, b
   return yaml_is_null(n) || yaml_bool(n, key_path(where, key, path, sizeof path), out);
 }
 
-static bool opt_long(const YamlNode *node, const char *where, const char *key, long *out) {
+static bool opt_long(const YamlNode *node, const char *where, const char *key, long lo, long hi, long *out) {
   const YamlNode *n = yaml_get(node, key);
   char path[256];
-  return yaml_is_null(n) || yaml_int(n, key_path(where, key, path, sizeof path), out);
+  return yaml_is_null(n) || yaml_int_in(n, key_path(where, key, path, sizeof path), lo, hi, out);
 }
 
 static bool opt_double(const YamlNode *node, const char *where, const char *key, double *out) {
@@ -1213,12 +1211,8 @@ static bool build_part(const YamlNode *node, const char *where, const Tokenizer 
 
   if (kind == DS_SYNTHETIC) {
     long n = 4000, seed = 0;
-    if (!opt_long(node, where, "num_samples", &n) || !opt_long(node, where, "seed", &seed))
+    if (!opt_long(node, where, "num_samples", 1, 1000000, &n) || !opt_long(node, where, "seed", 0, UINT32_MAX, &seed))
       goto fail;
-    if (n < 1 || n > 1000000) {
-      error_at(yaml_get(node, "num_samples")->pos, "%s.num_samples: %ld is out of range [1, 1000000]", where, n);
-      goto fail;
-    }
     SynSample *s = syn_generate((int)n, (uint64_t)seed);
     if (!s)
       goto fail;

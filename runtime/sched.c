@@ -40,26 +40,22 @@ int sched_from_recipe(const Recipe *r, long total_steps, Schedule *out) {
     if (!strcmp(k, "_component_"))
       continue;
     if (out->kind == SCHED_COSINE_WARMUP && !strcmp(k, "num_warmup_steps")) {
-      if (!yaml_int(v, what, &l))
+      if (!yaml_int_in(v, what, 0, INT32_MAX, &l))
         return -1;
-      if (l < 0) {
-        error_at(v->pos, "%s must be at least 0", what);
-        return -1;
-      }
       out->warmup = l;
     } else if (out->kind == SCHED_COSINE_WARMUP && !strcmp(k, "num_training_steps")) {
-      if (!yaml_int(v, what, &l))
+      if (!yaml_int_in(v, what, 1, INT32_MAX, &l))
         return -1;
-      if (l < 1) {
-        error_at(v->pos, "%s must be at least 1", what);
-        return -1;
-      }
       out->total = l;
     } else if (out->kind == SCHED_COSINE_WARMUP && !strcmp(k, "num_cycles")) {
       if (!yaml_double(v, what, &out->num_cycles))
         return -1;
+      if (!(out->num_cycles >= 0 && out->num_cycles <= 1e6)) {
+        error_at(v->pos, "%s: %s is out of range [0, 1e6]", what, v->str);
+        return -1;
+      }
     } else if (!strcmp(k, "last_epoch")) {
-      if (!yaml_int(v, what, &l))
+      if (!yaml_int_in(v, what, -1, INT32_MAX, &l))
         return -1;
     } else {
       error_at(n->key_pos[i], "unknown key '%s' for %s", what, c);

@@ -538,12 +538,21 @@ static int setup(Trainer *t) {
     t->resume = b;
   long l;
   t->log_every = 1;
-  if ((v = yaml_get(root, "log_every_n_steps")) && yaml_int(v, "log_every_n_steps", &l))
-    t->log_every = MAX(1, l);
-  if ((v = yaml_get(root, "save_every_n_steps")) && !yaml_is_null(v) && yaml_int(v, "save_every_n_steps", &l))
+  if ((v = yaml_get(root, "log_every_n_steps"))) {
+    if (!yaml_int_in(v, "log_every_n_steps", 1, INT32_MAX, &l))
+      return -1;
+    t->log_every = l;
+  }
+  if ((v = yaml_get(root, "save_every_n_steps")) && !yaml_is_null(v)) {
+    if (!yaml_int_in(v, "save_every_n_steps", 1, INT32_MAX, &l))
+      return -1;
     t->save_every = l;
-  if ((v = yaml_get(root, "run_val_every_n_steps")) && !yaml_is_null(v) && yaml_int(v, "run_val_every_n_steps", &l))
+  }
+  if ((v = yaml_get(root, "run_val_every_n_steps")) && !yaml_is_null(v)) {
+    if (!yaml_int_in(v, "run_val_every_n_steps", 1, INT32_MAX, &l))
+      return -1;
     t->eval_every = l;
+  }
   t->compiled = r->compile.optimizer_step;
   t->max_steps = r->max_steps;
   if (!t->output_dir || setup_checkpointer(t) != 0)
