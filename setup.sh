@@ -11,7 +11,8 @@ cd "$(dirname "$0")"
 
 PKGS=(gcc g++ pkg-config python3 python3-venv meson ninja-build
       llvm-19-dev llvm-19-tools libyaml-dev libjansson-dev
-      libopenmpi-dev openmpi-bin libopenblas-dev gnuplot-nox libpcre2-dev)
+      libopenmpi-dev openmpi-bin libopenblas-dev gnuplot-nox libpcre2-dev libzstd1
+      clang-19 libclang-rt-19-dev)  # clang: the fuzz targets (tests/fuzz)
 
 missing=()
 for p in "${PKGS[@]}"; do

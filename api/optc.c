@@ -543,8 +543,10 @@ optc_status optc_step_run(optc_step *s, const optc_buffers *b, const optc_scalar
     res->skipped = sr.skipped;
     if (sr.nred > 0)
       res->grad_sumsq = sr.red[0];
+    /* optc.grad_norm with clip GIVEN clips nothing: its graph has no grad_norm_given */
+    Ref given = s->r->clip_norm_given ? graph_find_input(g, "grad_norm_given") : NOREF;
     if (s->r->has_clip)
-      res->grad_norm = s->r->clip_norm_given ? s->vals[graph_find_input(g, "grad_norm_given")]
+      res->grad_norm = s->r->clip_norm_given ? (given != NOREF ? s->vals[given] : NAN)
                                              : (sr.nred > 0 ? sqrt(sr.red[0]) : NAN);
   }
   if (sr.skipped && nf == NONFINITE_ERROR)

@@ -275,8 +275,13 @@ Scalar interp_apply(const Graph *g, Ref i, const Scalar *args, int tensor, int64
   return eval_op((Op)x->op, (Type)x->type, args, at, (Where){.tensor = tensor, .index = index, .numel = numel});
 }
 
+/* An integer input given a double outside int64's range (or NaN) saturates:
+ * the plain cast would be undefined behaviour. */
 Scalar interp_scalar_from_double(double d, Type t) {
-  return type_is_float(t) ? convert((V){.d = d}, TY_F64, t) : (V){.i = (int64_t)d};
+  if (type_is_float(t))
+    return convert((V){.d = d}, TY_F64, t);
+  int64_t i = isnan(d) ? 0 : d >= 0x1p63 ? INT64_MAX : d < -0x1p63 ? INT64_MIN : (int64_t)d;
+  return (V){.i = i};
 }
 
 double interp_scalar_to_double(Scalar v, Type t) { return type_is_float(t) ? as_f64(v, t) : (double)v.i; }

@@ -586,6 +586,12 @@ Graph *ir_parse(const SrcFile *src, Arena *a) {
   ps.g->src = src;
   namemap_init(&ps.values, a);
   namemap_init(&ps.bufs, a);
+  /* Comments are kept as C strings, which a NUL byte would cut short. */
+  const char *nul = memchr(src->text, 0, src->len);
+  if (nul) {
+    error_at(srcpos_of(src, (size_t)(nul - src->text)), "a NUL byte in the text");
+    return NULL;
+  }
   Buf lead = {0};
   /* one line per iteration */
   while (ps.p < ps.end && !ps.failed) {

@@ -410,15 +410,11 @@ const char *yaml_unresolved(const YamlNode *n) {
 
 /* ---- printing ------------------------------------------------------------ */
 
-static void print_scalar(Buf *b, const YamlNode *n) {
-  if (n->kind == YAML_NULL) {
-    buf_puts(b, "null");
-    return;
-  }
-  const char *s = n->str;
+/* s, plain where YAML reads it back as the same text (and plain_ok), else
+ * double-quoted with escapes */
+static void print_text(Buf *b, const char *s, bool plain_ok) {
   size_t len = strlen(s);
-  /* plain where YAML reads it back as the same text */
-  bool plain = n->plain && len && !strpbrk(s, "{}[],'\"\n\t") && !strstr(s, ": ") && !strstr(s, " #") &&
+  bool plain = plain_ok && len && !strpbrk(s, "{}[],'\"\n\t") && !strstr(s, ": ") && !strstr(s, " #") &&
                !strchr("&*!|>%@`#?: ", s[0]) && !(s[0] == '-' && (s[1] == 0 || s[1] == ' ')) &&
                s[len - 1] != ':' && s[len - 1] != ' ';
   if (plain) {
@@ -439,13 +435,21 @@ static void print_scalar(Buf *b, const YamlNode *n) {
   buf_puts(b, "\"");
 }
 
+static void print_scalar(Buf *b, const YamlNode *n) {
+  if (n->kind == YAML_NULL)
+    buf_puts(b, "null");
+  else
+    print_text(b, n->str, n->plain);
+}
+
 static void print_node(Buf *b, const YamlNode *n, int indent) {
   for (int i = 0; i < n->n; i++) {
     const YamlNode *v = n->items[i];
     buf_printf(b, "%*s", indent, "");
-    if (n->kind == YAML_MAP)
-      buf_printf(b, "%s:", n->keys[i]);
-    else
+    if (n->kind == YAML_MAP) {
+      print_text(b, n->keys[i], true); /* a key like "" or "a: b" quoted */
+      buf_puts(b, ":");
+    } else
       buf_puts(b, "-");
     if ((v->kind == YAML_MAP || v->kind == YAML_SEQ) && v->n > 0) {
       buf_puts(b, "\n");

@@ -264,7 +264,8 @@ static int save_checkpoint(Trainer *t) {
       n++;
     }
     snprintf(names[n], sizeof names[n], "%s.step", lt->name);
-    views[n++] = (StView){.name = names[n - 1], .dtype = TY_F32, .ndim = 0, .data = &stepf};
+    views[n] = (StView){.name = names[n], .dtype = TY_F32, .ndim = 0, .data = &stepf};
+    n++;
   }
   char num[64];
   snprintf(num, sizeof num, "%ld", t->step);

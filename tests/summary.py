@@ -4,7 +4,8 @@
 Each meson test counts once, except the lit suite, whose individual test
 files are counted from its xunit report; a build directory's pytest.xml
 (the pytest suite's junit report, which ./setup.sh test writes) adds each
-pytest test. Prints one line per build directory, and last, the line CI
+pytest test. A directory with fuzz.txt and no meson logs (build-fuzz, from
+.ci/run) counts each fuzz target and each failed reproducer replay. Prints one line per build directory, and last, the line CI
 reads:  tests: N passed, M failed
 Exits non-zero if anything failed.
 
@@ -16,9 +17,28 @@ import sys
 import xml.etree.ElementTree as ET
 
 
+def count_fuzz(path):
+    """tests/fuzz/run.sh's output: each target's line, and each reproducer replay that failed."""
+    passed = failed = 0
+    failures = []
+    for line in open(path, encoding="utf-8", errors="replace"):
+        if line.startswith("fuzz ") and ": " in line and not line.startswith("fuzz: "):
+            if line.rstrip().endswith(", ok"):
+                passed += 1
+            elif "FAILED" in line:
+                failed += 1
+                failures.append(line.strip())
+    if passed + failed == 0:
+        return 0, 1, 0, ["%s: no fuzz results" % path]
+    return passed, failed, 0, failures
+
+
 def count(build):
     passed = failed = skipped = 0
     failures = []
+    fuzz = os.path.join(build, "fuzz.txt")
+    if os.path.exists(fuzz) and not os.path.exists(os.path.join(build, "meson-logs")):
+        return count_fuzz(fuzz)
     log = os.path.join(build, "meson-logs", "testlog.json")
     if not os.path.exists(log):
         return 0, 1, 0, ["%s: no test log (did meson test run?)" % build]

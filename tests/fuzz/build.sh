@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (tests/fuzz/fuzz_*.c) with clang-19 under
+# ASan and UBSan into OUT (default build-fuzz/), compiling optc's sources
+# straight from the tree: no meson, no build/ needed. builtins.c and
+# numerics_h.c are generated into OUT as meson generates them.
+#
+#   tests/fuzz/build.sh [OUT] [TARGET...]      (targets: ir recipe safetensors
+#                                               dataset tokenizer api; default all)
+#
+# Every optc object goes into one archive, so each target links only the
+# objects it reaches:
+#   fuzz_ir           compiler: base ir parse verify print frontend yaml
+#                     pipeline passes/* layout lower interp (+ builtins.c)
+#   fuzz_recipe       the same
+#   fuzz_safetensors  runtime/safetensors.c + compiler/base.c ir.c
+#   fuzz_dataset      runtime/data.c (with hfdata.c, parquet.c) tokenizer.c
+#                     safetensors.c + the front end (yaml); jansson, pcre2
+#   fuzz_tokenizer    runtime/tokenizer.c + compiler/base.c; pcre2
+#   fuzz_api          api/optc.c + the whole engine: emit_llvm.c jit.c
+#                     exec_cpu.c, the CUDA stubs; LLVM 19
+# Environment: CC (clang-19), FUZZ_CFLAGS (extra flags, e.g. -O2), JOBS.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+out=${1:-$root/build-fuzz}
+shift || true
+targets=${*:-ir recipe safetensors dataset tokenizer api}
+CC=${CC:-clang-19}
+LLVM_CONFIG=${LLVM_CONFIG:-llvm-config-19}
+JOBS=${JOBS:-$(nproc)}
+command -v "$CC" >/dev/null || { echo "build.sh: $CC not found (apt-get install -y clang-19 libclang-rt-19-dev)" >&2; exit 1; }
+mkdir -p "$out/obj" "$out/gen"
+out=$(cd "$out" && pwd)
+
+san=(-fsanitize=address,undefined -fno-sanitize-recover=all)
+# shellcheck disable=SC2207
+cflags=(-std=c11 -g -O1 -fno-omit-frame-pointer "${san[@]}" -D_GNU_SOURCE '-DOPTC_VERSION="0.2.0"'
+  -ffp-contract=off -Wno-unused-command-line-argument
+  -I"$root/compiler" -I"$root/runtime" -I"$root/runtime/model" -I"$root/include"
+  $(pkg-config --cflags yaml-0.1 jansson libpcre2-8) ${FUZZ_CFLAGS:-})
+llvm_cflags=$($LLVM_CONFIG --cflags)
+libs="$($LLVM_CONFIG --ldflags --libs) $(pkg-config --libs yaml-0.1 jansson libpcre2-8) -lopenblas -ldl -lm -lpthread"
+
+# ---- generated sources, as meson.build makes them ---------------------------------
+python3 "$root/compiler/gen_builtins.py" "$out/gen/builtins.c.new" \
+  "$root"/recipes/optimizers/*.optir "$root"/recipes/configs/llama4/*.yaml
+python3 - "$root/compiler/numerics.h" "$root/compiler/numerics_mkl.h" "$out/gen/numerics_h.c.new" <<'PY'
+import json, sys
+t = open(sys.argv[1]).read(); m = open(sys.argv[2]).read()
+t = t.replace('#include "numerics_mkl.h"', m)
+open(sys.argv[3], "w").write("/* Generated from compiler/numerics.h and numerics_mkl.h; do not edit. */\n"
+                             "const char optc_numerics_h[] = " + json.dumps(t) + ";\n")
+PY
+for g in builtins numerics_h; do # kept when unchanged, so that its object is too
+  if cmp -s "$out/gen/$g.c.new" "$out/gen/$g.c"; then rm "$out/gen/$g.c.new"; else mv "$out/gen/$g.c.new" "$out/gen/$g.c"; fi
+done
+
+# ---- optc, instrumented for coverage ----------------------------------------------
+srcs="compiler/base.c compiler/ir.c compiler/print.c compiler/parse.c compiler/verify.c compiler/yaml.c
+  compiler/frontend.c compiler/pipeline.c compiler/passes/dce.c compiler/passes/canonicalize.c
+  compiler/passes/cse.c compiler/passes/hoist.c compiler/passes/drop_grad_writeback.c
+  compiler/passes/partition.c compiler/layout.c compiler/interp.c compiler/lower.c compiler/cache.c
+  compiler/emit_llvm.c compiler/jit.c compiler/emit_cuda.c compiler/nvrtc.c
+  runtime/exec_cpu.c runtime/exec_cuda.c runtime/safetensors.c runtime/group.c runtime/inventory.c
+  runtime/sched.c runtime/fsdp.c runtime/launch.c runtime/data.c runtime/train.c runtime/ckpt.c
+  runtime/ckpt_config.c runtime/model/llama4.c runtime/blas.c runtime/tokenizer.c runtime/eager.c
+  runtime/coll_local.c runtime/coll_mpi_none.c runtime/coll_nccl_none.c api/optc.c"
+objs=()
+failed=0
+compile() { # SRC OBJ [FLAGS...]
+  local src=$1 obj=$2
+  shift 2
+  "$CC" "${cflags[@]}" "$@" -fsanitize=fuzzer-no-link -MMD -MF "$obj.d" -c "$src" -o "$obj" ||
+    echo "$src" >>"$out/obj/failed"
+}
+# Whether OBJ is newer than every file its .d lists (and the flags are the same).
+up_to_date() { # OBJ
+  local obj=$1 dep
+  [ -f "$obj" ] && [ -f "$obj.d" ] && [ "$obj" -nt "$out/obj/flags" ] || return 1
+  for dep in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$obj.d"); do
+    [ "$dep" -nt "$obj" ] && return 1
+  done
+  return 0
+}
+flags="$CC ${cflags[*]} $llvm_cflags"
+[ -f "$out/obj/flags" ] && [ "$(cat "$out/obj/flags")" = "$flags" ] || printf '%s\n' "$flags" >"$out/obj/flags"
+rm -f "$out/obj/failed"
+for s in $srcs; do
+  [ -f "$root/$s" ] || { echo "build.sh: $s is missing (skipped)" >&2; continue; }
+  o=$out/obj/$(echo "$s" | tr / _).o
+  objs+=("$o")
+  extra=()
+  case $s in compiler/emit_llvm.c|compiler/jit.c) read -ra extra <<<"$llvm_cflags" ;; esac
+  up_to_date "$o" && continue
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+  compile "$root/$s" "$o" "${extra[@]}" &
+done
+for g in builtins numerics_h; do
+  objs+=("$out/obj/gen_$g.o")
+  up_to_date "$out/obj/gen_$g.o" && continue
+  compile "$out/gen/$g.c" "$out/obj/gen_$g.o" &
+done
+wait
+if [ -s "$out/obj/failed" ]; then
+  echo "build.sh: failed to compile: $(tr '\n' ' ' <"$out/obj/failed")" >&2
+  exit 1
+fi
+rm -f "$out/liboptc_fuzz.a"
+ar rcs "$out/liboptc_fuzz.a" "${objs[@]}"
+
+# ---- the targets --------------------------------------------------------------------
+for t in $targets; do
+  # shellcheck disable=SC2086
+  "$CC" "${cflags[@]}" -fsanitize=fuzzer -DOPTC_SOURCE_ROOT="\"$root\"" "$here/fuzz_$t.c" \
+    "$out/liboptc_fuzz.a" -Wl,--as-needed $libs -o "$out/fuzz_$t"
+  echo "built $out/fuzz_$t"
+done
