@@ -12,7 +12,7 @@ cd "$(dirname "$0")"
 PKGS=(gcc g++ pkg-config python3 python3-venv meson ninja-build
       llvm-19-dev llvm-19-tools libyaml-dev libjansson-dev
       libopenmpi-dev openmpi-bin libopenblas-dev gnuplot-nox libpcre2-dev libzstd1
-      clang-19 libclang-rt-19-dev)  # clang: the fuzz targets (tests/fuzz)
+      clang-19 libclang-rt-19-dev strace)  # clang: the fuzz targets; strace: tests/train/kill_saves.sh
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -670,7 +670,9 @@ int ckpt_clean_stale(const char *out_dir) {
   for (struct dirent *e; (e = readdir(d));) {
     long step, pid;
     int len = 0;
-    if (sscanf(e->d_name, ".step_%ld.tmp.%ld%n", &step, &pid, &len) != 2 || len != (int)strlen(e->d_name))
+    /* a save's directory, or the new `latest` it was writing */
+    if ((sscanf(e->d_name, ".step_%ld.tmp.%ld%n", &step, &pid, &len) != 2 || len != (int)strlen(e->d_name)) &&
+        (sscanf(e->d_name, "latest.tmp.%ld%n", &pid, &len) != 1 || len != (int)strlen(e->d_name)))
       continue;
     /* a writer that died mid-save (kill -0 finds no such process) */
     if (pid > 0 && pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
@@ -696,17 +698,34 @@ static int by_long_desc(const void *a, const void *b) {
   return x < y ? 1 : x > y ? -1 : 0;
 }
 
+/* The newest `keep` step_N directories stay, and always the one `latest`
+ * names: a run resumed from step_4 may find a complete step_8 that a killed
+ * run renamed but never named in `latest`, and must not prune its own newer
+ * save in step_8's favour. Each removed directory first gets a hidden
+ * temporary name (as ckpt_clean_stale removes), so that a kill mid-removal
+ * leaves no half step_N. */
 int ckpt_prune(const char *out_dir, long keep) {
   if (keep < 1)
     return 0;
   DIR *d = opendir(out_dir);
   if (!d)
     return 0;
+  char p[4200];
+  snprintf(p, sizeof p, "%s/latest", out_dir);
+  char *text = file_read_quiet(p, NULL);
+  long latest = -1;
+  if (text) {
+    text[strcspn(text, "\n")] = 0;
+    latest = step_of(text);
+    free(text);
+  }
+  if (latest >= 0)
+    keep--;
   long *steps = NULL;
   int n = 0, cap = 0;
   for (struct dirent *e; (e = readdir(d));) {
     long s = step_of(e->d_name);
-    if (s < 0)
+    if (s < 0 || s == latest)
       continue;
     if (n == cap) {
       cap = cap ? 2 * cap : 16;
@@ -719,9 +738,11 @@ int ckpt_prune(const char *out_dir, long keep) {
   qsort(steps, (size_t)n, sizeof(long), by_long_desc);
   int rc = 0;
   for (int i = (int)keep; i < n; i++) {
-    char p[4200];
+    char hidden[4200];
     snprintf(p, sizeof p, "%s/step_%ld", out_dir, steps[i]);
-    rc |= ckpt_remove_tree(p);
+    snprintf(hidden, sizeof hidden, "%s/.step_%ld.tmp.%ld", out_dir, steps[i], (long)getpid());
+    ckpt_remove_tree(hidden);
+    rc |= ckpt_remove_tree(rename(p, hidden) == 0 ? hidden : p);
   }
   free(steps);
   return rc;

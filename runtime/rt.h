@@ -303,7 +303,9 @@ int ckpt_commit_dir(const char *tmp, const char *final);
 /* Removes the .step_N.tmp.PID directories of writers no longer running
  * (killed mid-save). */
 int ckpt_clean_stale(const char *out_dir);
-/* Removes all but the keep newest step_N directories of out_dir. */
+/* Removes all but the keep newest step_N directories of out_dir (and never
+ * the one `latest` names), each renamed to a hidden .step_N.tmp.PID first, so
+ * that a kill mid-removal leaves nothing ckpt_clean_stale does not remove. */
 int ckpt_prune(const char *out_dir, long keep);
 int ckpt_remove_tree(const char *path);
 

@@ -396,6 +396,11 @@ static int resume_checkpoint(Trainer *t) {
     return -1;
   }
   latest[strcspn(latest, "\n")] = 0;
+  if (!latest[0] || strchr(latest, '/')) {
+    error("%s: '%s' is not a checkpoint directory's name (step_N)", path, latest);
+    free(latest);
+    return -1;
+  }
   char dir[4200], sp[4300];
   snprintf(dir, sizeof dir, "%s/%s", t->ckpt_dir, latest);
   free(latest);
@@ -408,11 +413,22 @@ static int resume_checkpoint(Trainer *t) {
     error("%s:%d: %s", sp, je.line, je.text);
     return -1;
   }
-  t->step = (long)json_integer_value(json_object_get(st, "step"));
-  long epoch = (long)json_integer_value(json_object_get(st, "epoch"));
-  long batch = (long)json_integer_value(json_object_get(st, "batch"));
-  long was = (long)json_integer_value(json_object_get(st, "world_size"));
+  /* a missing or mistyped field must not resume at step 0 (and save over
+   * the checkpoints from there) */
+  static const char *const keys[] = {"step", "epoch", "batch", "world_size"};
+  long v[ARRAY_LEN(keys)];
+  for (size_t i = 0; i < ARRAY_LEN(keys); i++) {
+    json_t *x = json_object_get(st, keys[i]);
+    if (!json_is_integer(x) || json_integer_value(x) < 0) {
+      error("%s: \"%s\" is not a non-negative integer", sp, keys[i]);
+      json_decref(st);
+      return -1;
+    }
+    v[i] = (long)json_integer_value(x);
+  }
   json_decref(st);
+  t->step = v[0];
+  long epoch = v[1], batch = v[2], was = v[3];
   if (was != t->world) {
     error("%s was saved by %ld rank%s; resume it with --nproc %ld", dir, was, was == 1 ? "" : "s", was);
     return -1;

@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <string.h>
 
 #ifndef OPTC_VERSION
@@ -1111,6 +1112,9 @@ done:
 }
 
 int main(int argc, char **argv) {
+  /* a file past `ulimit -f` is a write error (EFBIG) that names the file,
+   * not a kill */
+  signal(SIGXFSZ, SIG_IGN);
   if (argc < 2) {
     fputs(usage_main, stderr);
     return 2;
