@@ -22,8 +22,10 @@
  * staged in segments, one barrier round each.
  *
  * Every op is the IEEE op the interpreter performs: NVRTC compiles with
- * --fmad=false --prec-div=true --prec-sqrt=true, bf16/f16 rounding and
- * the stochastic-rounding hash are numerics.h itself, pasted in. pow, exp
+ * --fmad=false --prec-div=true --prec-sqrt=true, f16 rounding and the
+ * stochastic-rounding hash are numerics.h itself, pasted in, and bf16
+ * rounding is the hardware's cvt.rn with numerics.h's bits (optc_bf16_rn,
+ * optc_bf16_hold in `helpers`). pow, exp
  * and log at element scope are CUDA's (max 1-2 ulp), not glibc's: those
  * (F_TRANSC) values may differ in the last bits from the interpreter; at
  * step scope they are computed on the host and exact.
@@ -131,6 +133,37 @@ static const char helpers[] =
     "    return i32 ? 2147483647LL : 9223372036854775807LL;\n"
     "  return (long long)d;\n"
     "}\n"
+    "\n"
+    "/* bf16 rounding with numerics.h's bits on the hardware's conversion:\n"
+    " * cvt.rn.bf16x2.f32 (sm_80) rounds two floats to nearest even, subnormals\n"
+    " * kept and overflow to infinity, the first into the high half: for every\n"
+    " * non-NaN, optc_f32_to_bf16's bits. Its NaN (canonical 0x7fff) is never\n"
+    " * used: one select gives numerics.h's 0x7fc0 | sign. tests/cuda_emu.h\n"
+    " * defines optc_cvt_bf16x2 in software; before sm_80, numerics.h's code.\n"
+    " * optc_bf16_hold is cvt(cvt(f : bf16) : f32): the bf16 in the high half,\n"
+    " * the low half the rounded-off zeros (one cvt, no shift). */\n"
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800\n"
+    "OPTC_FN uint32_t optc_cvt_bf16x2(float hi, float lo) {\n"
+    "  uint32_t d;\n"
+    "  asm(\"cvt.rn.bf16x2.f32 %0, %1, %2;\" : \"=r\"(d) : \"f\"(hi), \"f\"(lo));\n"
+    "  return d;\n"
+    "}\n"
+    "#endif\n"
+    "#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800) || defined(OPTC_CUDA_EMU_H)\n"
+    "OPTC_FN uint16_t optc_bf16_rn(float f) {\n"
+    "  const uint32_t r = optc_cvt_bf16x2(0.0f, f); /* first: not a branch around the asm */\n"
+    "  return (uint16_t)(f != f ? ((optc_f32_bits(f) >> 16) & 0x8000u) | 0x7fc0u : r);\n"
+    "}\n"
+    "OPTC_FN float optc_bf16_hold(float f) {\n"
+    "  const uint32_t r = optc_cvt_bf16x2(f, 0.0f);\n"
+    "  return optc_bits_f32(f != f ? (optc_f32_bits(f) & 0x80000000u) | 0x7fc00000u : r);\n"
+    "}\n"
+    "#else\n"
+    "OPTC_FN uint16_t optc_bf16_rn(float f) { return optc_f32_to_bf16(f); }\n"
+    "OPTC_FN float optc_bf16_hold(float f) { return optc_bf16_to_f32(optc_f32_to_bf16(f)); }\n"
+    "#endif\n"
+    "/* a held f32 (its low half zero, a NaN 0x7fc0 | sign) as its bf16 */\n"
+    "OPTC_FN uint16_t optc_bf16_bits(float f) { return (uint16_t)(optc_f32_bits(f) >> 16); }\n"
     "\n"
     "/* 8 elements at p: 16-byte vectors when vec (every pointer of the chunk\n"
     " * aligned) and all 8 are in the chunk; else the first n one by one, and\n"
@@ -349,7 +382,7 @@ static const char *to_f32(E *e, const char *s, Type t) {
 
 static const char *from_f32(E *e, const char *s, Type t) {
   if (t == TY_BF16)
-    return arena_printf(e->a, "optc_f32_to_bf16(%s)", s);
+    return arena_printf(e->a, "optc_bf16_rn(%s)", s);
   if (t == TY_F16)
     return arena_printf(e->a, "optc_f32_to_f16(%s)", s);
   return s;
@@ -386,6 +419,23 @@ static const char *convert(E *e, const char *s, Type from, Type to) {
   return arena_printf(e->a, "(%s)%s", e->L->type[to], i);
 }
 
+/* A bf16 value whose NaNs are numerics.h's 0x7fc0 | sign: what the element
+ * loop rounds (a cvt, bf16 arithmetic, stochastic rounding), a select of
+ * such, a literal; not a load, whose memory may hold any NaN. */
+static bool bf16_canonical(const Graph *g, Ref r) {
+  const Ins *x = &g->ins[r];
+  if (x->op == OP_CONST)
+    return true;
+  if (x->scope != SCOPE_ELEM)
+    return false;
+  switch (op_info[x->op].type_rule) {
+  case TR_ARITH: case TR_CVTSR: return true;
+  case TR_CVT: return g->ins[x->args[0]].type != TY_BF16 || bf16_canonical(g, x->args[0]);
+  case TR_SELECT: return bf16_canonical(g, x->args[1]) && bf16_canonical(g, x->args[2]);
+  default: return false;
+  }
+}
+
 /* The expression of instruction i; `index` is the element's index in its
  * tensor (the stochastic-rounding hash reads it). */
 static const char *render(E *e, Ref i, const char *index) {
@@ -415,7 +465,22 @@ static const char *render(E *e, Ref i, const char *index) {
   case TR_TEST: return arena_printf(e->a, op_fmt[op][1], to_f64(e, a[0], at[0]));
   case TR_LOGIC:
   case TR_SELECT: return arena_printf(e->a, op_fmt[op][0], a[0], a[1], a[2]);
-  case TR_CVT: return convert(e, a[0], at[0], t);
+  case TR_CVT: {
+    const Graph *g = e->g;
+    Ref y = x->args[0];
+    const Ins *in = &g->ins[y];
+    if (x->scope != SCOPE_ELEM || in->op != OP_CVT || in->scope != SCOPE_ELEM)
+      return convert(e, a[0], at[0], t);
+    Type from = (Type)g->ins[in->args[0]].type;
+    /* a hold, cvt(cvt(v : bf16) : f32), its bf16 inlined: one rounding,
+     * kept in the f32 bits */
+    if (t == TY_F32 && at[0] == TY_BF16 && e->uses[y] == 1 && type_is_float(from) && from != TY_BF16)
+      return arena_printf(e->a, "optc_bf16_hold(%s)", convert(e, operand(e, in->args[0]), from, TY_F32));
+    /* cvt(cvt(h : f32) : bf16) of a canonical h is h: the held f32's high half */
+    if (t == TY_BF16 && at[0] == TY_F32 && from == TY_BF16 && bf16_canonical(g, in->args[0]))
+      return arena_printf(e->a, "optc_bf16_bits(%s)", a[0]);
+    return convert(e, a[0], at[0], t);
+  }
   case TR_CVTSR:
     return arena_printf(e->a, "%s(%s, optc_sr_bits(k_%s, (uint64_t)(%s)))",
                         t == TY_BF16 ? "optc_f32_to_bf16_sr" : "optc_f32_to_f16_sr", a[0], e->stem[i], index);

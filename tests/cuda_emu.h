@@ -113,6 +113,22 @@ static inline float __uint_as_float(unsigned u) {
   return f;
 }
 
+/* PTX's cvt.rn.bf16x2.f32 d, hi, lo, which emit_cuda.c's optc_cvt_bf16x2
+ * is on sm_80 and later: each float rounded to nearest even (subnormals
+ * kept, no .ftz; overflow to infinity), hi into the high half of d. A NaN
+ * gives the canonical NaN 0x7fff, as the hardware does, so that a kernel
+ * that kept it, instead of selecting numerics.h's 0x7fc0 | sign, would
+ * differ from the interpreter here too. */
+static inline uint32_t optc_emu_cvt_rn_bf16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return 0x7fffu;
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+static inline uint32_t optc_cvt_bf16x2(float hi, float lo) {
+  return optc_emu_cvt_rn_bf16(hi) << 16 | optc_emu_cvt_rn_bf16(lo);
+}
+
 #ifndef OPTC_EMU_DRIVER
 static uint3 threadIdx, blockIdx, blockDim, gridDim;
 

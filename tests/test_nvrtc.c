@@ -156,6 +156,88 @@ static void test_cache(void) {
   arena_free(a);
 }
 
+/* Kernel `name`'s PTX instructions (body lines that begin with an opcode or
+ * a predicate and end in ';'), and in *nop how many of them are `op`. */
+static int ptx_count(const char *ptx, const char *name, const char *op, int *nop) {
+  char head[96];
+  snprintf(head, sizeof head, ".entry %s(", name);
+  const char *p = strstr(ptx, head);
+  int n = 0;
+  *nop = 0;
+  if (!p)
+    return -1;
+  for (p = strchr(p, '\n'); p && p[1] != '}'; p = strchr(p + 1, '\n')) {
+    const char *s = p + 1, *end = strchr(s, '\n');
+    while (*s == ' ' || *s == '\t')
+      s++;
+    if (!end || end == s || end[-1] != ';' || !(*s == '@' || (*s >= 'a' && *s <= 'z')))
+      continue;
+    n++;
+    if (*s == '@') /* the predicate, then the opcode */
+      s += strcspn(s, " \t"), s += strspn(s, " \t");
+    *nop += !strncmp(s, op, strlen(op));
+  }
+  return n;
+}
+
+/* The bf16 AdamW step rounds on the hardware's conversion (cvt.rn.bf16x2.f32,
+ * emit_cuda.c's optc_cvt_bf16x2, and one select for numerics.h's NaN) instead
+ * of numerics.h's integer rounding, and a store of a held value takes its
+ * high half. Bounded: PTX instructions per copy of the element loop (once
+ * the body is small, NVVM unswitches the loop on lerp's weight, |w| < 0.5:
+ * two copies, counted by AdamW's one sqrt per element) and registers.
+ * NVRTC 13.0 when the bounds were set; SASS is the cubin's .text / 16:
+ *                         before (numerics.h)             after
+ *                         PTX       SASS  regs            PTX           SASS  regs
+ *   bf16       sm_80     1811 x1    1768   59     1805 x2 (903 each)   1944   59
+ *              sm_90     1811 x1    1792   60     1805 x2 (903 each)   1960   59
+ *   bf16 clip  sm_80     1924 x1    1856   59     1926 x2 (963 each)   2016   59
+ *   (phase 1)  sm_90     1924 x1    1872   60     1926 x2 (963 each)   2040   59
+ *   bf16 fused sm_80     1740 x2    2136   74     1391 x2 (696 each)   1920   70
+ *              sm_90     1740 x2    2152   74     1391 x2 (696 each)   1936   70
+ * With lerp made branch-free for the comparison alone (one copy each, nvcc):
+ * bf16 sm_90 1768 -> 1117 PTX, 1760 -> 1240 SASS; clip phase 1 1881 -> 1182
+ * PTX; fused 1705 -> 1362 PTX. */
+static void test_bf16_adamw(void) {
+#define ADAMW "optimizer:\n  _component_: torch.optim.AdamW\n"
+  static const struct {
+    const char *name, *yaml, *kernel, *arch;
+    int max_ptx, max_regs;
+  } cases[] = {
+      {"bf16", ADAMW "dtype: bf16\n", "optc_phase0", "sm_80", 1000, 60},
+      {"bf16", ADAMW "dtype: bf16\n", "optc_phase0", "sm_90", 1000, 60},
+      {"bf16 clip", ADAMW "dtype: bf16\nclip_grad_norm: 1.0\n", "optc_phase1", "sm_90", 1060, 60},
+      {"bf16 fused", ADAMW "  fused: True\ndtype: bf16\n", "optc_phase0", "sm_90", 780, 72},
+  };
+#undef ADAMW
+  for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+    const char *name = cases[i].name, *arch = cases[i].arch;
+    Arena *a = arena_new();
+    Graph *g = build_yaml(cases[i].yaml, a);
+    CHECK(g, "AdamW %s builds", name);
+    CudaProgram *p = g ? cuda_compile(g, &(CudaTarget){.arch = arch, .no_cache = true}, NULL) : NULL;
+    CHECK(p && p->ptx, "AdamW %s %s compiles", name, arch);
+    if (p && p->ptx) {
+      int nsqrt = 0, ncvt = 0, regs = -1;
+      int n = ptx_count(p->ptx, cases[i].kernel, "sqrt.rn.f32", &nsqrt);
+      ptx_count(p->ptx, cases[i].kernel, "cvt.rn.bf16x2.f32", &ncvt);
+      int copies = MAX(nsqrt / 8, 1);
+      for (int k = 0; k < p->nkernels; k++)
+        if (!strcmp(p->kernels[k].name, cases[i].kernel))
+          regs = p->kernels[k].regs;
+      printf("AdamW %-10s %s %s: %4d PTX instructions (%d cop%s, %d each), %d registers\n", name, arch,
+             cases[i].kernel, n, copies, copies == 1 ? "y" : "ies", n / copies, regs);
+      CHECK(ncvt > 0, "AdamW %s %s: rounds with cvt.rn.bf16x2.f32", name, arch);
+      CHECK(n > 0 && n / copies <= cases[i].max_ptx, "AdamW %s %s: %d PTX instructions per copy, at most %d", name,
+            arch, n / copies, cases[i].max_ptx);
+      CHECK(regs > 0 && regs <= cases[i].max_regs, "AdamW %s %s: %d registers, at most %d", name, arch, regs,
+            cases[i].max_regs);
+    }
+    cuda_program_free(p);
+    arena_free(a);
+  }
+}
+
 /* The real recipe's kernels, for the record. */
 static void report_scout(const char *root) {
   char path[1024];
@@ -191,6 +273,7 @@ int main(int argc, char **argv) {
   test_cache();
   setenv("OPTC_CACHE", "0", 1);
   report_scout(argc > 1 ? argv[1] : ".");
+  test_bf16_adamw();
   test_matrix();
   printf("%d compiles, %.0f ms each on average\n", ncompiled, total_ms / MAX(ncompiled, 1));
   printf("test_nvrtc: %d checks, %d failed\n", checks, failures);
