@@ -3,128 +3,361 @@
  * One op at a time, over one whole tensor at a time, every intermediate
  * materialised in memory, as torch's for-loop (foreach=False) path does:
  * `exp_avg.lerp_(grad, 1 - beta1)` reads two tensors and writes one. This is
- * the baseline the compiled step is measured against, so it is plain C
- * loops that the C compiler vectorises, with torch eager's one trick and no
- * other: an op whose only use is a store into a buffer writes straight into
- * the buffer (torch's in-place ops), when no later op reads the buffer's
- * old value. It runs the unoptimized graph, and its results are the
- * interpreter's, bit for bit.
+ * the baseline the compiled step is measured against, so it does what
+ * torch's CPU kernels do and no more:
+ * - each op is one vectorized pass (eager_loops.h) over the tensor, split
+ *   across the threads when the tensor has at least 32768 elements
+ *   (at::parallel_for's grain);
+ * - an op writes straight into the buffer its value is stored in (torch's
+ *   in-place ops: exp_avg.lerp_) when no later op reads the buffer's old
+ *   value, and a temporary dies with its last use, its memory reused by
+ *   the next temporary (torch's allocator);
+ * - a bf16 or f16 tensor is read widened to f32 and written rounded, inside
+ *   the op (torch's kernels compute in f32): `cvt` to f32 of a half value
+ *   is not a pass of its own, an f32 op whose one use is its rounding
+ *   writes the half tensor, and a half value widened and rounded again is
+ *   that value (exact: the rounding of an f32 that came from a rounding).
+ * It runs the unoptimized graph, and its results are the interpreter's,
+ * bit for bit.
+ *
+ * The threads split a tensor once for all its ops (on chunk boundaries),
+ * not once per op: the elements each thread touches are the same for every
+ * op, so torch's barrier between ops orders nothing here; the memory
+ * traffic is the same.
  *
  * Reductions see every tensor before any value that reads them is made: as
  * in torch, clip_grad_norm finishes its norms over all grads before it
  * scales any. Values are staged as in the interpreter; all stores happen in
  * the last stage, so a skipped step (non-finite grads) stores nothing. */
-#include "rt.h"
+#include "eager_loops.h"
 
-#include <math.h>
-#include <string.h>
+/* ---- the program: what runs, and where each value lives --------------------------- */
+
+typedef enum { K_NONE, K_OP, K_COPY, K_FILL, K_REDUCE } TaskKind;
+
+/* One pass over a tensor's elements. */
+typedef struct {
+  TaskKind kind;
+  Ref ins;   /* K_OP: the instruction whose arithmetic runs; K_REDUCE: the
+                reduction; K_COPY, K_FILL: the store */
+  Ref dst;   /* K_OP: the value written: ins, or the rounding cvt it feeds */
+  int stage;
+} Task;
+
+typedef enum { AT_NONE, AT_LOAD, AT_BUF, AT_GROUP, AT_SLOT } Where;
 
 typedef struct {
   const Graph *g;
   int n;
   int *stage;
   int last;       /* the last stage: stores happen in it */
-  int *last_use;  /* the last instruction reading each value */
-  Ref *in_place;  /* the store that value i is written into directly, or NOREF */
-  bool *cross;    /* read in a later stage than it is made: kept for the whole group */
-} Sched;
+  Ref *root;      /* (nins) the value whose memory holds value i: itself, or
+                     the half value it is a widening (or exact round trip) of */
+  Task *tasks;
+  int ntasks;
+  int *made;      /* (nins) the task writing root i, or -1 */
+  int *last_read; /* (nins) the last task reading root i, or -1 */
+  Where *where;   /* (nins) of each root */
+  int *buf;       /* (nins) AT_LOAD, AT_BUF: the buffer */
+  int *slot;      /* (nins) AT_SLOT: the temporary; AT_GROUP: the group-wide array */
+  int nslots, ngroups;
+  int *slot_size; /* (nslots) bytes per element */
+  int *group_size; /* (ngroups) */
+} Prog;
 
-/* Decides where each value lives: the same decisions drive the run and the
- * traffic model. */
-static void sched_init(Sched *s, const Graph *g) {
-  int n = g->nins;
-  s->g = g;
-  s->n = n;
-  s->stage = calloc((size_t)n + 1, sizeof(int));
-  s->last_use = calloc((size_t)n + 1, sizeof(int));
-  s->in_place = malloc(sizeof(Ref) * ((size_t)n + 1));
-  s->cross = calloc((size_t)n + 1, sizeof(bool));
-  ASSERT(s->stage && s->last_use && s->in_place && s->cross);
-  s->last = 0;
-  for (int i = 0; i < n; i++) {
-    const Ins *x = &g->ins[i];
-    int st = 0;
-    for (int k = 0; k < op_info[x->op].nargs; k++) {
-      st = MAX(st, s->stage[x->args[k]]);
-      s->last_use[x->args[k]] = i;
-    }
-    s->stage[i] = x->op == OP_REDUCE ? st + 1 : st;
-    s->in_place[i] = NOREF;
-    if (x->op == OP_STORE || x->op == OP_REDUCE)
-      s->last = MAX(s->last, st);
-  }
-  for (int i = 0; i < n; i++) {
-    const Ins *x = &g->ins[i];
-    for (int k = 0; k < op_info[x->op].nargs; k++) {
-      const Ins *a = &g->ins[x->args[k]];
-      /* stores run in the last stage, so what they store lives until then */
-      int used_in = x->op == OP_STORE ? s->last : s->stage[i] - (x->op == OP_REDUCE);
-      if (a->scope == SCOPE_ELEM && s->stage[x->args[k]] < used_in)
-        s->cross[x->args[k]] = true;
-    }
-  }
-  /* In place: v's one use is `store @b, v`, v has b's type, v is made in
-   * the last stage, and nothing after v reads a load of b. */
-  for (int i = 0; i < n; i++) {
-    const Ins *x = &g->ins[i];
-    if (x->op != OP_STORE)
-      continue;
-    Ref v = x->args[0];
-    const Ins *y = &g->ins[v];
-    if (y->scope != SCOPE_ELEM || y->op == OP_LOAD || graph_count_uses(g, v) != 1 || y->type != g->bufs[x->buf].type ||
-        s->stage[v] != s->last)
-      continue;
-    bool ok = true;
-    for (int j = 0; j < n && ok; j++)
-      if (g->ins[j].op == OP_LOAD && g->ins[j].buf == x->buf && s->last_use[j] > v)
-        ok = false;
-    if (ok)
-      s->in_place[v] = i;
-  }
-}
-
-static void sched_free(Sched *s) {
-  free(s->stage);
-  free(s->last_use);
-  free(s->in_place);
-  free(s->cross);
-}
+static bool is_half(Type t) { return t == TY_BF16 || t == TY_F16; }
 
 static bool is_arith(const Ins *x) {
   return x->op != OP_LOAD && x->op != OP_STORE && x->op != OP_REDUCE && x->scope == SCOPE_ELEM;
 }
 
-/* The eager executor's traffic per element: each op reads its
- * per-element operands and writes its result; a store that is not done in
- * place copies (reads and writes); a reduction reads its operand. */
-double eager_traffic(const Graph *g) {
-  Sched s;
-  sched_init(&s, g);
-  double bytes = 0;
-  for (int i = 0; i < g->nins; i++) {
+/* `cvt` of a half tensor value to f32: read in place, widened. */
+static bool is_widen(const Graph *g, const Ins *x) {
+  return x->op == OP_CVT && x->scope == SCOPE_ELEM && x->type == TY_F32 && g->ins[x->args[0]].scope == SCOPE_ELEM &&
+         is_half((Type)g->ins[x->args[0]].type);
+}
+
+/* `cvt` of an f32 tensor value to bf16 or f16, rounding to nearest even. */
+static bool is_round(const Graph *g, const Ins *x) {
+  return x->op == OP_CVT && x->scope == SCOPE_ELEM && is_half((Type)x->type) && g->ins[x->args[0]].type == TY_F32;
+}
+
+static Type mem_type(const Prog *p, Ref r) { return (Type)p->g->ins[p->root[r]].type; }
+
+static void add_read(Prog *p, Ref a, int t) {
+  if (p->g->ins[a].scope == SCOPE_ELEM)
+    p->last_read[p->root[a]] = t;
+}
+
+/* Decides what runs and where each value lives: the same decisions drive
+ * the run and the traffic model. */
+static void prog_init(Prog *p, const Graph *g, bool foreach) {
+  int n = g->nins;
+  size_t m = (size_t)n + 1;
+  *p = (Prog){.g = g, .n = n};
+  p->stage = calloc(m, sizeof(int));
+  p->root = malloc(m * sizeof(Ref));
+  p->tasks = calloc(m, sizeof(Task));
+  p->made = malloc(m * sizeof(int));
+  p->last_read = malloc(m * sizeof(int));
+  p->where = calloc(m, sizeof(Where));
+  p->buf = calloc(m, sizeof(int));
+  p->slot = calloc(m, sizeof(int));
+  p->slot_size = calloc(m, sizeof(int));
+  p->group_size = calloc(m, sizeof(int));
+  int *uses = calloc(m, sizeof(int));
+  Ref *user = malloc(m * sizeof(Ref));
+  Ref *fused_from = malloc(m * sizeof(Ref));
+  bool *canon = calloc(m, sizeof(bool));
+  int *stores = calloc((size_t)g->nbufs + 1, sizeof(int));
+  int *load_read = malloc(((size_t)g->nbufs + 1) * sizeof(int));
+  ASSERT(p->stage && p->root && p->tasks && p->made && p->last_read && p->where && p->buf && p->slot &&
+         p->slot_size && p->group_size && uses && user && fused_from && canon && stores &&
+         load_read);
+  for (int i = 0; i < n; i++) {
     const Ins *x = &g->ins[i];
-    if (x->scope != SCOPE_ELEM && x->op != OP_REDUCE)
-      continue;
-    if (x->op == OP_LOAD)
-      continue;
-    if (x->op == OP_STORE) {
-      Ref v = x->args[0];
-      if (s.in_place[v] != i)
-        bytes += type_size((Type)g->ins[v].type) + type_size((Type)g->bufs[x->buf].type);
-      continue;
-    }
-    Ref seen[3] = {NOREF, NOREF, NOREF};
+    int st = 0;
     for (int k = 0; k < op_info[x->op].nargs; k++) {
-      Ref a = x->args[k];
-      if (g->ins[a].scope != SCOPE_ELEM || a == seen[0] || a == seen[1])
-        continue;
-      seen[k] = a;
-      bytes += type_size((Type)g->ins[a].type);
+      st = MAX(st, p->stage[x->args[k]]);
+      uses[x->args[k]]++;
+      user[x->args[k]] = i;
     }
-    if (x->op != OP_REDUCE)
-      bytes += type_size((Type)x->type);
+    p->stage[i] = x->op == OP_REDUCE ? st + 1 : st;
+    if (x->op == OP_STORE || x->op == OP_REDUCE)
+      p->last = MAX(p->last, st);
+    if (x->op == OP_STORE)
+      stores[x->buf]++;
+    p->made[i] = p->last_read[i] = -1;
+    fused_from[i] = NOREF;
   }
-  sched_free(&s);
+  /* Memory: a widening reads its half value's; a rounding of a widening of
+   * a rounded value is that value (round(widen(h)) == h for every h that a
+   * rounding made, NaNs included). */
+  for (int i = 0; i < n; i++) {
+    const Ins *x = &g->ins[i];
+    p->root[i] = i;
+    if (is_widen(g, x)) {
+      p->root[i] = p->root[x->args[0]];
+    } else if (is_round(g, x)) {
+      const Ins *w = &g->ins[x->args[0]];
+      if (is_widen(g, w) && g->ins[w->args[0]].type == x->type && canon[w->args[0]])
+        p->root[i] = p->root[w->args[0]];
+      canon[i] = true;
+    }
+  }
+  /* An f32 op whose one use is its rounding writes the rounded tensor. */
+  for (int i = 0; i < n; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->type == TY_F32 && is_arith(x) && !is_widen(g, x) && uses[i] == 1 && is_round(g, &g->ins[user[i]]) &&
+        p->root[user[i]] == user[i])
+      fused_from[user[i]] = i;
+  }
+  /* The passes, in the graph's order. */
+  for (int i = 0; i < n; i++) {
+    const Ins *x = &g->ins[i];
+    Task t = {.kind = K_NONE, .ins = i, .dst = i, .stage = p->stage[i]};
+    if (x->op == OP_STORE) {
+      t.kind = g->ins[x->args[0]].scope == SCOPE_ELEM ? K_COPY : K_FILL;
+      t.stage = p->last;
+    } else if (x->op == OP_REDUCE) {
+      if (g->ins[x->args[0]].scope == SCOPE_ELEM)
+        t.kind = K_REDUCE;
+      t.stage = p->stage[i] - 1;
+    } else if (is_arith(x) && p->root[i] == i && !(uses[i] == 1 && fused_from[user[i]] == i)) {
+      t.kind = K_OP;
+      if (fused_from[i] != NOREF)
+        t.ins = fused_from[i];
+    }
+    if (t.kind != K_NONE)
+      p->tasks[p->ntasks++] = t;
+  }
+  /* They run stage by stage: sorted by stage, in the graph's order within
+   * one (a topological order, since a value's stage is at least its
+   * operands'). */
+  Task *sorted = malloc(m * sizeof(Task));
+  ASSERT(sorted);
+  int ns = 0;
+  for (int s = 0; s <= p->last; s++)
+    for (int ti = 0; ti < p->ntasks; ti++)
+      if (p->tasks[ti].stage == s)
+        sorted[ns++] = p->tasks[ti];
+  ASSERT(ns == p->ntasks);
+  free(p->tasks);
+  p->tasks = sorted;
+  for (int ti = 0; ti < p->ntasks; ti++) {
+    const Task *t = &p->tasks[ti];
+    const Ins *y = &g->ins[t->ins];
+    for (int k = 0; k < op_info[y->op].nargs; k++)
+      add_read(p, y->args[k], ti);
+    if (t->kind == K_OP)
+      p->made[t->dst] = ti;
+  }
+  for (int i = 0; i < n; i++)
+    if (g->ins[i].op == OP_LOAD) {
+      p->where[i] = AT_LOAD;
+      p->buf[i] = g->ins[i].buf;
+    }
+  /* In place: a value stored into a buffer of its memory's type, made in
+   * the last stage, after every read of the buffer's old value. */
+  for (int b = 0; b < g->nbufs; b++)
+    load_read[b] = -1;
+  for (int i = 0; i < n; i++)
+    if (g->ins[i].op == OP_LOAD)
+      load_read[g->ins[i].buf] = MAX(load_read[g->ins[i].buf], p->last_read[i]);
+  for (int ti = 0; ti < p->ntasks; ti++) {
+    Task *t = &p->tasks[ti];
+    if (t->kind != K_COPY)
+      continue;
+    const Ins *s = &g->ins[t->ins];
+    Ref r = p->root[s->args[0]];
+    int mt = p->made[r];
+    if (mt < 0 || p->where[r] != AT_NONE || g->ins[r].type != g->bufs[s->buf].type || stores[s->buf] != 1 ||
+        p->tasks[mt].stage != p->last || load_read[s->buf] > mt)
+      continue;
+    p->where[r] = AT_BUF;
+    p->buf[r] = s->buf;
+    t->kind = K_NONE;
+  }
+  /* The rest: group-wide arrays for values read in a later stage than
+   * they are made (torch keeps them as tensors: p.grad after scale_grads)
+   * and, with foreach, for every value; else a temporary, reused once it
+   * dies by a later one of the same element size (so that a thread's
+   * elements of the two never overlap another thread's). */
+  bool *cross = calloc(m, sizeof(bool));
+  ASSERT(cross);
+  for (int ti = 0; ti < p->ntasks; ti++) {
+    const Ins *y = &g->ins[p->tasks[ti].ins];
+    for (int k = 0; k < op_info[y->op].nargs; k++) {
+      Ref a = y->args[k];
+      if (g->ins[a].scope != SCOPE_ELEM)
+        continue;
+      Ref r = p->root[a];
+      if (p->made[r] >= 0 && p->tasks[p->made[r]].stage < p->tasks[ti].stage)
+        cross[r] = true;
+    }
+  }
+  int *free_slots = calloc(m, sizeof(int)), nfree = 0;
+  int *free_groups = calloc(m, sizeof(int)), nfreeg = 0;
+  ASSERT(free_slots && free_groups);
+  int cur_stage = -1;
+  for (int ti = 0; ti < p->ntasks; ti++) {
+    const Task *t = &p->tasks[ti];
+    if (t->stage != cur_stage) { /* a stage's temporaries die with it */
+      cur_stage = t->stage;
+      nfree = 0;
+      for (int s = 0; s < p->nslots; s++)
+        free_slots[nfree++] = s;
+    }
+    const Ins *y = &g->ins[t->ins];
+    for (int k = 0; k < op_info[y->op].nargs; k++) {
+      Ref a = y->args[k];
+      if (g->ins[a].scope != SCOPE_ELEM)
+        continue;
+      Ref r = p->root[a];
+      if (p->last_read[r] != ti)
+        continue;
+      bool dup = false;
+      for (int j = 0; j < k; j++)
+        dup |= y->args[j] == a || (g->ins[y->args[j]].scope == SCOPE_ELEM && p->root[y->args[j]] == r);
+      if (dup)
+        continue;
+      if (p->where[r] == AT_SLOT)
+        free_slots[nfree++] = p->slot[r];
+      else if (p->where[r] == AT_GROUP && foreach)
+        free_groups[nfreeg++] = p->slot[r];
+    }
+    if (t->kind != K_OP || p->where[t->dst] != AT_NONE)
+      continue;
+    Ref r = t->dst;
+    int size = type_size((Type)g->ins[r].type);
+    if (cross[r] || foreach) {
+      p->where[r] = AT_GROUP;
+      int gi = -1;
+      for (int j = 0; j < nfreeg && gi < 0; j++)
+        if (p->group_size[free_groups[j]] == size) {
+          gi = free_groups[j];
+          free_groups[j] = free_groups[--nfreeg];
+        }
+      if (gi < 0) {
+        gi = p->ngroups++;
+        p->group_size[gi] = size;
+      }
+      p->slot[r] = gi;
+      if (foreach && p->last_read[r] < 0) /* never read */
+        free_groups[nfreeg++] = gi;
+    } else {
+      p->where[r] = AT_SLOT;
+      int si = -1;
+      for (int j = 0; j < nfree && si < 0; j++)
+        if (p->slot_size[free_slots[j]] == size) {
+          si = free_slots[j];
+          free_slots[j] = free_slots[--nfree];
+        }
+      if (si < 0) {
+        si = p->nslots++;
+        p->slot_size[si] = size;
+      }
+      p->slot[r] = si;
+      if (p->last_read[r] < 0) /* never read */
+        free_slots[nfree++] = si;
+    }
+  }
+  free(free_slots);
+  free(free_groups);
+  free(cross);
+  free(uses);
+  free(user);
+  free(fused_from);
+  free(canon);
+  free(stores);
+  free(load_read);
+}
+
+static void prog_free(Prog *p) {
+  free(p->stage);
+  free(p->root);
+  free(p->tasks);
+  free(p->made);
+  free(p->last_read);
+  free(p->where);
+  free(p->buf);
+  free(p->slot);
+  free(p->slot_size);
+  free(p->group_size);
+}
+
+/* The eager executor's traffic per element: each pass reads each of its
+ * tensor operands' memory once and writes its result's; a store that is
+ * not done in place copies (reads and writes); a reduction reads its
+ * operand. */
+double eager_traffic(const Graph *g) {
+  Prog p;
+  prog_init(&p, g, false);
+  double bytes = 0;
+  for (int ti = 0; ti < p.ntasks; ti++) {
+    const Task *t = &p.tasks[ti];
+    const Ins *y = &g->ins[t->ins];
+    if (t->kind == K_NONE)
+      continue;
+    if (t->kind == K_FILL || t->kind == K_COPY)
+      bytes += type_size((Type)g->bufs[y->buf].type);
+    if (t->kind == K_OP)
+      bytes += type_size(mem_type(&p, t->dst));
+    if (t->kind == K_FILL)
+      continue;
+    Ref seen[3] = {NOREF, NOREF, NOREF};
+    for (int k = 0; k < op_info[y->op].nargs; k++) {
+      Ref a = y->args[k];
+      if (g->ins[a].scope != SCOPE_ELEM)
+        continue;
+      Ref r = p.root[a];
+      if (r == seen[0] || r == seen[1])
+        continue;
+      seen[k] = r;
+      bytes += type_size(mem_type(&p, r));
+    }
+  }
+  prog_free(&p);
   return bytes;
 }
 
@@ -141,25 +374,26 @@ typedef struct {
 } Piece;
 
 typedef struct {
-  Sched s;
+  Prog p;
   const Graph *g;
   const GroupLayout *l;
   void *const *tbufs; /* (ntensors x nbufs) tensor table (layout_tensor_bufs) */
   const double *inputs;
   const Reducer *reducer;
   ThreadPool *pool; /* NULL: one thread */
-  Scalar *step;   /* (nins) step values */
-  void **arr;     /* (nins) this tensor's elements of each value */
-  bool *owned;    /* arr[i] is a temporary of this tensor's (not a view) */
-  void **group;   /* (nins) group-wide arrays of the values read across stages,
-                     as pointers indexed by flat index */
-  void **group_mem; /* (nins) their allocations */
-  bool *keep;     /* (nins) value i lives in a group-wide array */
-  Ref *donated_to; /* (nins) foreach: the later value that took over value i's array, or NOREF */
-  double *part;   /* (nchunks) reduction partials */
-  Piece *pieces;  /* the runs of one tensor's elements inside the layout's range */
+  Scalar *step;     /* (nins) step values */
+  void **base;      /* (nins) the current piece's first element of each root */
+  void **slot_mem;  /* (nslots) temporaries, for the largest piece */
+  void **group_mem; /* (ngroups) group-wide arrays, indexed from the layout's lo */
+  double *part;     /* (nchunks) reduction partials */
+  Piece *pieces;
   int npieces;
+  int64_t max_piece;
 } Eager;
+
+/* Elements per block: a pass runs block by block so that a widened
+ * operand or an unrounded result lives in a buffer on the stack. */
+enum { BLOCK = 1024 };
 
 static void *elem_ptr(void *base, Type t, int64_t i) { return (char *)base + i * type_size(t); }
 
@@ -169,108 +403,10 @@ static void *piece_ptr(const Eager *e, int b, const Piece *pc) {
   return elem_ptr(base, (Type)e->g->bufs[b].type, pc->start);
 }
 
-static void *alloc_arr(int64_t n, Type t) {
-  void *p = aligned_alloc(64, ((size_t)(n ? n : 1) * (size_t)type_size(t) + 63) / 64 * 64);
+static void *alloc_arr(int64_t n, int size) {
+  void *p = aligned_alloc(64, ((size_t)(n ? n : 1) * (size_t)size + 63) / 64 * 64);
   ASSERT(p);
   return p;
-}
-
-typedef struct {
-  const void *p; /* array, or NULL for a scalar */
-  Scalar s;
-  Type t;
-} Operand;
-
-static Operand operand(const Eager *e, Ref r, int64_t off) {
-  const Ins *x = &e->g->ins[r];
-  Operand o = {.t = (Type)x->type};
-  if (x->scope == SCOPE_ELEM)
-    o.p = elem_ptr(e->arr[r], o.t, off);
-  else
-    o.s = e->step[r];
-  return o;
-}
-
-/* The typed loops, for the ops and types optimizers use; any other
- * combination goes element by element through interp_apply. */
-#define BIN_F32(EXPR) \
-  do { \
-    const float *a = A.p, *b = B.p; \
-    float av = A.s.f, bv = B.s.f; \
-    if (a && b) for (int64_t i = 0; i < n; i++) { float x = a[i], y = b[i]; o[i] = (EXPR); } \
-    else if (a) for (int64_t i = 0; i < n; i++) { float x = a[i], y = bv; o[i] = (EXPR); } \
-    else for (int64_t i = 0; i < n; i++) { float x = av, y = b[i]; o[i] = (EXPR); } \
-  } while (0)
-
-#define UN_F32(EXPR) \
-  do { \
-    const float *a = A.p; \
-    for (int64_t i = 0; i < n; i++) { float x = a[i]; o[i] = (EXPR); } \
-  } while (0)
-
-static bool fast_f32(Op op, float *o, Operand A, Operand B, Operand C, int64_t n) {
-  if (A.t != TY_F32 || (!A.p && !B.p))
-    return false;
-  switch (op) {
-  case OP_ADD: BIN_F32(x + y); return true;
-  case OP_SUB: BIN_F32(x - y); return true;
-  case OP_MUL: BIN_F32(x * y); return true;
-  case OP_DIV: BIN_F32(x / y); return true;
-  case OP_MAX: BIN_F32(x != x ? x : y != y ? y : (x < y ? y : x)); return true;
-  case OP_MIN: BIN_F32(x != x ? x : y != y ? y : (y < x ? y : x)); return true;
-  case OP_NEG: if (!A.p) return false; UN_F32(-x); return true;
-  case OP_ABS: if (!A.p) return false; UN_F32(fabsf(x)); return true;
-  case OP_SQRT: if (!A.p) return false; UN_F32(sqrtf(x)); return true;
-  case OP_SIGN: if (!A.p) return false; UN_F32((float)((0.0f < x) - (x < 0.0f))); return true;
-  case OP_SQRT_MKL: if (!A.p) return false; UN_F32(optc_sqrt_mkl_f32(x)); return true;
-  case OP_FMA: {
-    if (!A.p || !B.p || !C.p)
-      return false;
-    const float *a = A.p, *b = B.p, *c = C.p;
-    for (int64_t i = 0; i < n; i++) o[i] = fmaf(a[i], b[i], c[i]);
-    return true;
-  }
-  case OP_LERP: {
-    /* torch.lerp with a scalar weight, both ends tensors */
-    if (!A.p || !B.p || C.p)
-      return false;
-    const float *a = A.p, *b = B.p;
-    float w = C.s.f;
-    for (int64_t i = 0; i < n; i++) o[i] = optc_lerpf(a[i], b[i], w);
-    return true;
-  }
-  default: return false;
-  }
-}
-
-static bool fast_cvt(void *o, Type to, Operand A, int64_t n) {
-  if (!A.p)
-    return false;
-  if (A.t == TY_BF16 && to == TY_F32) {
-    const uint16_t *a = A.p;
-    float *out = o;
-    for (int64_t i = 0; i < n; i++) out[i] = optc_bf16_to_f32(a[i]);
-    return true;
-  }
-  if (A.t == TY_F32 && to == TY_BF16) {
-    const float *a = A.p;
-    uint16_t *out = o;
-    for (int64_t i = 0; i < n; i++) out[i] = optc_f32_to_bf16(a[i]);
-    return true;
-  }
-  if (A.t == TY_F16 && to == TY_F32) {
-    const uint16_t *a = A.p;
-    float *out = o;
-    for (int64_t i = 0; i < n; i++) out[i] = optc_f16_to_f32(a[i]);
-    return true;
-  }
-  if (A.t == TY_F32 && to == TY_F16) {
-    const float *a = A.p;
-    uint16_t *out = o;
-    for (int64_t i = 0; i < n; i++) out[i] = optc_f32_to_f16(a[i]);
-    return true;
-  }
-  return false;
 }
 
 static Scalar at(Operand o, int64_t i) {
@@ -301,69 +437,95 @@ static void put(void *o, Type t, int64_t i, Scalar v) {
   }
 }
 
-/* One op over elements [0, n) of tensor t, whose first element is `start`
- * within the tensor, written to o. */
-/* Elements [lo, hi) of one op over a piece. */
-static void run_op_range(Eager *e, Ref i, void *o, const Piece *pc, int64_t lo, int64_t hi) {
-  const Ins *x = &e->g->ins[i];
-  Type t = (Type)x->type;
+/* Value a's elements [lo, lo + n) of the piece, in a's own type: its
+ * memory, or that widened into w. */
+static Operand operand(const Eager *e, Ref a, int64_t lo, int64_t n, float *w) {
+  const Ins *x = &e->g->ins[a];
+  Operand o = {.t = (Type)x->type};
+  if (x->scope != SCOPE_ELEM) {
+    o.s = e->step[a];
+    return o;
+  }
+  Type mt = mem_type(&e->p, a);
+  const void *p = elem_ptr(e->base[e->p.root[a]], mt, lo);
+  if (mt == o.t) {
+    o.p = p;
+  } else {
+    bool ok = eager_cvt(w, o.t, p, mt, n);
+    ASSERT(ok);
+    o.p = w;
+  }
+  return o;
+}
+
+/* Elements [lo, lo + n) of an op pass, n <= BLOCK. */
+static void op_block(const Eager *e, const Task *t, const Piece *pc, int64_t lo, int64_t n) {
+  const Ins *x = &e->g->ins[t->ins];
+  Type ty = (Type)x->type, dt = mem_type(&e->p, t->dst);
+  float w[3][BLOCK], ob[BLOCK];
   Operand a[3] = {{0}};
   for (int k = 0; k < op_info[x->op].nargs; k++)
-    a[k] = operand(e, x->args[k], lo);
-  void *out = elem_ptr(o, t, lo);
-  int64_t n = hi - lo;
-  if (t == TY_F32 && fast_f32((Op)x->op, out, a[0], a[1], a[2], n))
-    return;
-  if (x->op == OP_CVT && fast_cvt(out, t, a[0], n))
-    return;
-  Scalar args[3];
-  for (int64_t k = 0; k < n; k++) {
-    for (int j = 0; j < op_info[x->op].nargs; j++)
-      args[j] = at(a[j], k);
-    put(out, t, k, interp_apply(e->g, i, args, pc->tensor, pc->start + lo + k, e->l->numel[pc->tensor]));
+    a[k] = operand(e, x->args[k], lo, n, w[k]);
+  void *dst = elem_ptr(e->base[t->dst], dt, lo);
+  void *out = dt == ty ? dst : (void *)ob; /* an f32 result rounded on the way out */
+  bool done = ty == TY_F32 && eager_f32((Op)x->op, out, a[0], a[1], a[2], n);
+  if (!done && x->op == OP_CVT && a[0].p)
+    done = eager_cvt(out, ty, a[0].p, a[0].t, n);
+  if (!done) {
+    Scalar args[3];
+    for (int64_t k = 0; k < n; k++) {
+      for (int j = 0; j < op_info[x->op].nargs; j++)
+        args[j] = at(a[j], k);
+      put(out, ty, k, interp_apply(e->g, t->ins, args, pc->tensor, pc->start + lo + k, e->l->numel[pc->tensor]));
+    }
+  }
+  if (out != dst) {
+    bool ok = eager_cvt(dst, dt, ob, ty, n);
+    ASSERT(ok);
   }
 }
 
-typedef struct {
-  Eager *e;
-  Ref i;
-  void *o;
-  const Piece *pc;
-} OpRun;
-
-static void op_range(void *ctx, int64_t lo, int64_t hi) {
-  OpRun *r = ctx;
-  run_op_range(r->e, r->i, r->o, r->pc, lo, hi);
-}
-
-/* One op over a whole tensor; large tensors are split across the threads,
- * as torch's at::parallel_for does (its grain is 32768 elements). */
-static void run_op(Eager *e, Ref i, void *o, const Piece *pc) {
-  if (e->pool && pc->n >= 32768) {
-    OpRun r = {e, i, o, pc};
-    pool_run(e->pool, op_range, &r, pc->n);
+/* A store that is not done in place, elements [lo, lo + n). */
+static void store_block(const Eager *e, const Task *t, const Piece *pc, int64_t lo, int64_t n) {
+  const Ins *x = &e->g->ins[t->ins];
+  Type bt = (Type)e->g->bufs[x->buf].type;
+  void *dst = elem_ptr(piece_ptr(e, x->buf, pc), bt, lo);
+  Ref v = x->args[0];
+  if (t->kind == K_FILL) {
+    for (int64_t k = 0; k < n; k++)
+      put(dst, bt, k, e->step[v]);
+    return;
+  }
+  Type mt = mem_type(&e->p, v);
+  const void *src = elem_ptr(e->base[e->p.root[v]], mt, lo);
+  if (mt == bt) {
+    memcpy(dst, src, (size_t)n * (size_t)type_size(bt));
   } else {
-    run_op_range(e, i, o, pc, 0, pc->n);
+    bool ok = eager_cvt(dst, bt, src, mt, n);
+    ASSERT(ok);
   }
 }
 
-/* The chunk partials of a reduction over this piece's elements. */
-static void run_reduce(Eager *e, Ref r, const Piece *pc) {
-  const Ins *x = &e->g->ins[r];
-  const GroupLayout *l = e->l;
+/* The partial of chunk c, whose elements start at lo within the piece. */
+static void reduce_chunk(Eager *e, const Task *t, int64_t c, int64_t lo) {
+  const Ins *x = &e->g->ins[t->ins];
   RedKind k = (RedKind)x->red;
   Ref a = x->args[0];
-  Type t = (Type)e->g->ins[a].type;
-  for (int64_t c = pc->c0; c < pc->c1; c++) {
-    const Chunk *ch = &l->chunks[c];
-    int64_t off = ch->flat - pc->flat;
-    Operand o = operand(e, a, off);
-    bool is_max = k == RED_MAX || k == RED_ABSMAX;
-    double lanes[OPTC_REDUCE_LANES];
-    for (int j = 0; j < OPTC_REDUCE_LANES; j++)
-      lanes[j] = is_max ? -INFINITY : 0.0;
-    for (int64_t j = 0; j < ch->len; j++) {
-      double v = interp_scalar_to_double(at(o, j), t);
+  int64_t len = e->l->chunks[c].len;
+  bool is_max = k == RED_MAX || k == RED_ABSMAX;
+  double lanes[OPTC_REDUCE_LANES];
+  for (int j = 0; j < OPTC_REDUCE_LANES; j++)
+    lanes[j] = is_max ? -INFINITY : 0.0;
+  float w[BLOCK];
+  for (int64_t b = 0; b < len; b += BLOCK) {
+    int64_t n = MIN(BLOCK, len - b);
+    Operand o = operand(e, a, lo + b, n, w);
+    if (o.t == TY_F32) {
+      eager_reduce_f32(k, lanes, o.p, n);
+      continue;
+    }
+    for (int64_t j = 0; j < n; j++) {
+      double v = interp_scalar_to_double(at(o, j), o.t);
       double *acc = &lanes[j % OPTC_REDUCE_LANES];
       switch (k) {
       case RED_SUM: *acc += v; break;
@@ -373,7 +535,82 @@ static void run_reduce(Eager *e, Ref r, const Piece *pc) {
       default: unreachable();
       }
     }
-    e->part[c] = optc_lanes_combine(lanes, is_max);
+  }
+  e->part[c] = optc_lanes_combine(lanes, is_max);
+}
+
+/* Passes [t0, t1) over chunks [c0, c1) of a piece (one thread's share),
+ * each pass over all those elements before the next. */
+static void run_passes(Eager *e, int t0, int t1, const Piece *pc, int64_t c0, int64_t c1) {
+  const Chunk *ch = e->l->chunks;
+  int64_t lo = ch[c0].flat - pc->flat, hi = ch[c1 - 1].flat + ch[c1 - 1].len - pc->flat;
+  for (int ti = t0; ti < t1; ti++) {
+    const Task *t = &e->p.tasks[ti];
+    switch (t->kind) {
+    case K_NONE: break;
+    case K_OP:
+      for (int64_t b = lo; b < hi; b += BLOCK)
+        op_block(e, t, pc, b, MIN(BLOCK, hi - b));
+      break;
+    case K_COPY:
+    case K_FILL:
+      for (int64_t b = lo; b < hi; b += BLOCK)
+        store_block(e, t, pc, b, MIN(BLOCK, hi - b));
+      break;
+    case K_REDUCE:
+      for (int64_t c = c0; c < c1; c++)
+        reduce_chunk(e, t, c, ch[c].flat - pc->flat);
+      break;
+    }
+  }
+}
+
+typedef struct {
+  Eager *e;
+  int t0, t1;
+  const Piece *pc;
+} PassRun;
+
+static void passes_range(void *ctx, int64_t lo, int64_t hi) {
+  PassRun *r = ctx;
+  run_passes(r->e, r->t0, r->t1, r->pc, r->pc->c0 + lo, r->pc->c0 + hi);
+}
+
+/* Points every root at the piece's elements. */
+static void bind_piece(Eager *e, const Piece *pc) {
+  const Prog *p = &e->p;
+  for (int r = 0; r < p->n; r++) {
+    Type t = (Type)e->g->ins[r].type;
+    switch (p->where[r]) {
+    case AT_NONE: e->base[r] = NULL; break;
+    case AT_LOAD:
+    case AT_BUF: e->base[r] = piece_ptr(e, p->buf[r], pc); break;
+    case AT_SLOT:
+      if (!e->slot_mem[p->slot[r]])
+        e->slot_mem[p->slot[r]] = alloc_arr(e->max_piece, p->slot_size[p->slot[r]]);
+      e->base[r] = e->slot_mem[p->slot[r]];
+      break;
+    case AT_GROUP:
+      if (!e->group_mem[p->slot[r]])
+        e->group_mem[p->slot[r]] = alloc_arr(e->l->hi - e->l->lo, p->group_size[p->slot[r]]);
+      e->base[r] = elem_ptr(e->group_mem[p->slot[r]], t, pc->flat - e->l->lo);
+      break;
+    }
+  }
+}
+
+/* Passes [t0, t1) over one piece: split across the threads, as torch's
+ * at::parallel_for does (its grain is 32768 elements), on chunk
+ * boundaries so that each chunk's partial is one thread's. */
+static void run_piece(Eager *e, int t0, int t1, const Piece *pc) {
+  if (t0 == t1 || pc->n == 0)
+    return;
+  bind_piece(e, pc);
+  if (e->pool && pool_size(e->pool) > 1 && pc->n >= 32768) {
+    PassRun r = {e, t0, t1, pc};
+    pool_run(e->pool, passes_range, &r, pc->c1 - pc->c0);
+  } else {
+    run_passes(e, t0, t1, pc, pc->c0, pc->c1);
   }
 }
 
@@ -396,7 +633,7 @@ static void eval_step_values(Eager *e, int stage) {
   const Graph *g = e->g;
   for (int i = 0; i < g->nins; i++) {
     const Ins *x = &g->ins[i];
-    if (x->scope != SCOPE_STEP || e->s.stage[i] != stage || x->op == OP_REDUCE)
+    if (x->scope != SCOPE_STEP || e->p.stage[i] != stage || x->op == OP_REDUCE)
       continue;
     if (x->op == OP_CONST)
       e->step[i] = interp_scalar_from_double(x->imm, (Type)x->type);
@@ -411,134 +648,32 @@ static void eval_step_values(Eager *e, int stage) {
   }
 }
 
-/* Stage `stage` for one tensor: its ops in order; in the last stage, its stores. */
-static void release(Eager *e, Ref a) {
-  if (e->owned[a]) {
-    free(e->arr[a]);
-    e->arr[a] = NULL;
-    e->owned[a] = false;
-  }
-}
-
-/* Points value r at a piece's elements: a load at its buffer, a value kept
- * for the group at its group-wide array. */
-static void bind(Eager *e, Ref r, const Piece *pc) {
-  const Ins *x = &e->g->ins[r];
-  int64_t base = pc->flat;
-  if (e->group[r])
-    e->arr[r] = elem_ptr(e->group[r], (Type)x->type, base);
-  else if (e->donated_to[r] != NOREF) /* same memory, same type */
-    e->arr[r] = elem_ptr(e->group[e->donated_to[r]], (Type)x->type, base);
-  else if (x->op == OP_LOAD)
-    e->arr[r] = piece_ptr(e, x->buf, pc);
-}
-
-/* Instruction i of stage `stage` for one piece. */
-static void run_one(Eager *e, int stage, Ref i, const Piece *pc) {
+/* Whether every element of the grads is finite. */
+static bool grads_finite(const Eager *e) {
   const Graph *g = e->g;
-  const Ins *x = &g->ins[i];
-  int64_t n = pc->n;
-  for (int k = 0; k < op_info[x->op].nargs; k++)
-    bind(e, x->args[k], pc);
-  if (x->op == OP_REDUCE) {
-    if (e->s.stage[i] == stage + 1 && g->ins[x->args[0]].scope == SCOPE_ELEM)
-      run_reduce(e, i, pc);
-    return;
-  }
-  if (x->op == OP_STORE) {
-    if (stage != e->s.last)
-      return;
-    Ref v = x->args[0];
-    const Ins *y = &g->ins[v];
-    Type bt = (Type)g->bufs[x->buf].type;
-    void *dst = piece_ptr(e, x->buf, pc);
-    if (e->s.in_place[v] == i)
-      return;
-    if (y->scope == SCOPE_ELEM) {
-      memcpy(dst, e->arr[v], (size_t)n * (size_t)type_size(bt));
-      if (e->s.last_use[v] == i)
-        release(e, v);
-    } else {
-      for (int64_t k = 0; k < n; k++)
-        put(dst, bt, k, e->step[v]);
-    }
-    return;
-  }
-  if (e->s.stage[i] != stage || !is_arith(x))
-    return;
-  /* Where the result goes: the buffer (in place), the group-wide array
-   * (read in a later stage, or foreach), or this tensor's temporary. */
-  void *o;
-  Type t0 = (Type)x->type;
-  /* torch's in-place ops (x.mul_(s)): an operand that dies here, of the
-   * result's type, gives its memory to the result */
-  Ref donor = NOREF;
-  for (int k = 0; k < op_info[x->op].nargs && donor == NOREF; k++) {
-    Ref a = x->args[k];
-    if (e->s.last_use[a] == i && g->ins[a].type == x->type && !e->s.cross[a] &&
-        (e->owned[a] || (e->keep[i] && e->keep[a] && e->group[a])))
-      donor = a;
-  }
-  if (e->s.in_place[i] != NOREF) {
-    o = piece_ptr(e, g->ins[e->s.in_place[i]].buf, pc);
-  } else if (e->keep[i]) {
-    if (!e->group[i]) {
-      if (donor != NOREF && e->group[donor] && !e->s.cross[i]) {
-        e->group[i] = e->group[donor];
-        e->group_mem[i] = e->group_mem[donor];
-        e->group[donor] = e->group_mem[donor] = NULL;
-        e->donated_to[donor] = i;
+  for (int b = 0; b < g->nbufs; b++) {
+    if (g->bufs[b].kind != BUF_GRAD)
+      continue;
+    Type t = (Type)g->bufs[b].type;
+    for (int p = 0; p < e->npieces; p++) {
+      const void *v = piece_ptr(e, b, &e->pieces[p]);
+      int64_t n = e->pieces[p].n;
+      uint32_t bad = 0;
+      if (t == TY_F32) {
+        const uint32_t *u = v;
+        for (int64_t k = 0; k < n; k++) bad |= (u[k] & 0x7f800000u) == 0x7f800000u;
+      } else if (t == TY_BF16) {
+        const uint16_t *u = v;
+        for (int64_t k = 0; k < n; k++) bad |= (u[k] & 0x7f80u) == 0x7f80u;
       } else {
-        e->group_mem[i] = alloc_arr(e->l->hi - e->l->lo, t0);
-        e->group[i] = elem_ptr(e->group_mem[i], t0, -e->l->lo); /* indexed by flat index */
+        for (int64_t k = 0; k < n && !bad; k++)
+          bad = !isfinite(interp_scalar_to_double(at((Operand){.p = v, .t = t}, k), t));
       }
-    }
-    bind(e, i, pc);
-    o = e->arr[i];
-  } else if (donor != NOREF && e->owned[donor]) {
-    o = e->arr[donor];
-    e->owned[donor] = false;
-    e->arr[i] = o;
-    e->owned[i] = true;
-  } else {
-    o = alloc_arr(n, t0);
-    e->arr[i] = o;
-    e->owned[i] = true;
-  }
-  run_op(e, i, o, pc);
-  if (e->s.in_place[i] != NOREF)
-    e->arr[i] = o;
-  /* Free this tensor's temporaries after their last use, as torch's
-   * refcounts do. */
-  for (int k = 0; k < op_info[x->op].nargs; k++)
-    if (e->s.last_use[x->args[k]] == i)
-      release(e, x->args[k]);
-}
-
-/* torch's for-loop: each tensor, all its ops. */
-static void run_stage_per_tensor(Eager *e, int stage) {
-  for (int p = 0; p < e->npieces; p++)
-    for (int i = 0; i < e->g->nins; i++)
-      run_one(e, stage, i, &e->pieces[p]);
-}
-
-/* torch's foreach: each op, over all tensors; every intermediate is a list
- * of tensors, freed after its last use. */
-static void run_stage_foreach(Eager *e, int stage) {
-  const Graph *g = e->g;
-  for (int i = 0; i < g->nins; i++) {
-    for (int p = 0; p < e->npieces; p++)
-      run_one(e, stage, i, &e->pieces[p]);
-    const Ins *x = &g->ins[i];
-    bool ran = e->s.stage[i] == stage || (x->op == OP_STORE && stage == e->s.last);
-    for (int k = 0; ran && k < op_info[x->op].nargs; k++) {
-      Ref a = x->args[k];
-      if (e->s.last_use[a] == i && !e->s.cross[a] && e->group_mem[a]) {
-        free(e->group_mem[a]);
-        e->group[a] = e->group_mem[a] = NULL;
-      }
+      if (bad)
+        return false;
     }
   }
+  return true;
 }
 
 int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args, StepResult *res) {
@@ -567,21 +702,15 @@ int eager_run_t(const Graph *g, const GroupLayout *l, void *const *tbufs, const 
     }
   Eager e = {.g = g, .l = l, .tbufs = tbufs, .inputs = args ? args->inputs : NULL, .pool = pool,
              .reducer = args ? args->reducer : NULL};
-  sched_init(&e.s, g);
+  prog_init(&e.p, g, foreach);
   size_t n = (size_t)g->nins + 1;
   e.step = calloc(n, sizeof(Scalar));
-  e.arr = calloc(n, sizeof(void *));
-  e.owned = calloc(n, sizeof(bool));
-  e.group = calloc(n, sizeof(void *));
-  e.keep = calloc(n, sizeof(bool));
-  e.donated_to = malloc(n * sizeof(Ref));
-  ASSERT(e.donated_to);
-  for (size_t i = 0; i < n; i++)
-    e.donated_to[i] = NOREF;
+  e.base = calloc(n, sizeof(void *));
+  e.slot_mem = calloc((size_t)e.p.nslots + 1, sizeof(void *));
+  e.group_mem = calloc((size_t)e.p.ngroups + 1, sizeof(void *));
   e.part = calloc((size_t)l->nchunks + 1, sizeof(double));
-  e.group_mem = calloc(n, sizeof(void *));
   e.pieces = calloc((size_t)l->nchunks + 1, sizeof(Piece));
-  ASSERT(e.step && e.arr && e.owned && e.part && e.group_mem && e.pieces);
+  ASSERT(e.step && e.base && e.slot_mem && e.group_mem && e.part && e.pieces);
   /* the pieces: runs of consecutive chunks of one tensor */
   for (int64_t c = 0; c < l->nchunks; c++) {
     const Chunk *ch = &l->chunks[c];
@@ -593,32 +722,31 @@ int eager_run_t(const Graph *g, const GroupLayout *l, void *const *tbufs, const 
       e.pieces[e.npieces++] = (Piece){ch->tensor, ch->flat, ch->start, ch->len, c, c + 1};
     }
   }
-  /* Values read across stages live in group-wide arrays (torch keeps them
-   * as tensors: p.grad after scale_grads); with foreach, every
-   * intermediate does. */
-  for (int i = 0; i < g->nins; i++)
-    e.keep[i] = e.s.cross[i] || (foreach && is_arith(&g->ins[i]));
+  for (int p = 0; p < e.npieces; p++)
+    e.max_piece = MAX(e.max_piece, e.pieces[p].n);
   memset(res, 0, sizeof *res);
   bool ok = !args || args->propagate || args->grads_finite != 0;
-  if (ok && (!args || (!args->propagate && args->grads_finite < 0))) {
-    for (int b = 0; b < g->nbufs && ok; b++)
-      if (g->bufs[b].kind == BUF_GRAD)
-        for (int p = 0; p < e.npieces && ok; p++)
-          for (int64_t k = 0; k < e.pieces[p].n && ok; k++) {
-            Operand o = {.p = piece_ptr(&e, b, &e.pieces[p]), .t = (Type)g->bufs[b].type};
-            ok = isfinite(interp_scalar_to_double(at(o, k), o.t));
-          }
-  }
+  if (ok && (!args || (!args->propagate && args->grads_finite < 0)))
+    ok = grads_finite(&e);
   if (e.reducer)
     ok = e.reducer->all(e.reducer->ctx, ok);
-  for (int s = 0; ok && s <= e.s.last; s++) {
+  int t0 = 0;
+  for (int s = 0; ok && s <= e.p.last; s++) {
     eval_step_values(&e, s);
-    if (foreach)
-      run_stage_foreach(&e, s);
-    else
-      run_stage_per_tensor(&e, s);
+    int t1 = t0;
+    while (t1 < e.p.ntasks && e.p.tasks[t1].stage == s)
+      t1++;
+    if (foreach) { /* torch's foreach: each op over all tensors */
+      for (int ti = t0; ti < t1; ti++)
+        for (int p = 0; p < e.npieces; p++)
+          run_piece(&e, ti, ti + 1, &e.pieces[p]);
+    } else { /* torch's for-loop: each tensor, all its ops */
+      for (int p = 0; p < e.npieces; p++)
+        run_piece(&e, t0, t1, &e.pieces[p]);
+    }
+    t0 = t1;
     for (int r = 0; r < g->nins; r++) {
-      if (g->ins[r].op != OP_REDUCE || e.s.stage[r] != s + 1)
+      if (g->ins[r].op != OP_REDUCE || e.p.stage[r] != s + 1)
         continue;
       e.step[r].d = fold_partials(&e, (RedKind)g->ins[r].red);
       if (res->nred < (int)ARRAY_LEN(res->red))
@@ -628,20 +756,16 @@ int eager_run_t(const Graph *g, const GroupLayout *l, void *const *tbufs, const 
     }
   }
   res->skipped = !ok;
-  for (size_t i = 0; i < n; i++) {
-    if (e.owned[i])
-      free(e.arr[i]);
+  for (int i = 0; i < e.p.nslots; i++)
+    free(e.slot_mem[i]);
+  for (int i = 0; i < e.p.ngroups; i++)
     free(e.group_mem[i]);
-  }
-  free(e.group);
-  free(e.keep);
-  free(e.donated_to);
+  free(e.slot_mem);
+  free(e.group_mem);
   free(e.step);
-  free(e.arr);
-  free(e.owned);
+  free(e.base);
   free(e.part);
   free(e.pieces);
-  free(e.group_mem);
-  sched_free(&e.s);
+  prog_free(&e.p);
   return 0;
 }
