@@ -94,6 +94,24 @@ static LLVMTargetMachineRef make_tm(const Target *t) {
                                  LLVMCodeModelDefault);
 }
 
+/* Runs default<O3> on m; false (m disposed) on failure. */
+static bool optimize_module(LLVMModuleRef m, LLVMTargetMachineRef tm, CompileTimes *times) {
+  double t0 = now_seconds();
+  LLVMPassBuilderOptionsRef opts = LLVMCreatePassBuilderOptions();
+  /* The element loop is already 16 lanes wide and memory-bound: unrolling
+   * it again only doubles the code to select instructions for. */
+  LLVMPassBuilderOptionsSetLoopUnrolling(opts, 0);
+  LLVMErrorRef err = LLVMRunPasses(m, "default<O3>", tm, opts);
+  LLVMDisposePassBuilderOptions(opts);
+  if (llvm_failed(err, "default<O3>")) {
+    LLVMDisposeModule(m);
+    return false;
+  }
+  if (times)
+    times->opt += (now_seconds() - t0) * 1e3;
+  return true;
+}
+
 /* Builds the module; with `optimize`, runs default<O3> on it. */
 static LLVMModuleRef build(const Graph *g, LLVMContextRef c, LLVMTargetMachineRef tm, const Target *t, bool optimize,
                            CompileTimes *times) {
@@ -116,31 +134,31 @@ static LLVMModuleRef build(const Graph *g, LLVMContextRef c, LLVMTargetMachineRe
                               LLVMCreateStringAttribute(c, "target-features", 15, t->features,
                                                         (unsigned)strlen(t->features)));
   }
-  double t1 = now_seconds();
   if (times)
-    times->build += (t1 - t0) * 1e3;
-  if (optimize) {
-    LLVMPassBuilderOptionsRef opts = LLVMCreatePassBuilderOptions();
-    /* The element loop is already 16 lanes wide and memory-bound: unrolling
-     * it again only doubles the code to select instructions for. */
-    LLVMPassBuilderOptionsSetLoopUnrolling(opts, 0);
-    LLVMErrorRef err = LLVMRunPasses(m, "default<O3>", tm, opts);
-    LLVMDisposePassBuilderOptions(opts);
-    if (llvm_failed(err, "default<O3>")) {
-      LLVMDisposeModule(m);
-      return NULL;
-    }
-    if (times)
-      times->opt += (now_seconds() - t1) * 1e3;
-  }
+    times->build += (now_seconds() - t0) * 1e3;
+  if (optimize && !optimize_module(m, tm, times))
+    return NULL;
   return m;
 }
 
-/* The cache key: everything the object depends on. */
-static char *cache_key(const Graph *g, const Target *t) {
+static uint64_t fnv1a64(const char *s, uint64_t h) {
+  for (; *s; s++)
+    h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+/* The cache key: everything the object depends on. The module the emitter
+ * made (before O3) is part of it, as a 128-bit hash of its text: a build of
+ * optc whose emitter changed, with the same version, must not take the old
+ * emitter's objects from the disk cache. */
+static char *cache_key(const Graph *g, const Target *t, LLVMModuleRef m) {
   Buf k = {0};
-  buf_printf(&k, "optc %s cpu-object llvm %s\ntriple %s\ncpu %s\nfeatures %s\n", OPTC_VERSION, LLVM_VERSION_STRING,
-             t->triple, t->cpu, t->features);
+  char *text = LLVMPrintModuleToString(m);
+  uint64_t h0 = fnv1a64(text, 14695981039346656037ull), h1 = fnv1a64(text, 0x9e3779b97f4a7c15ull);
+  LLVMDisposeMessage(text);
+  buf_printf(&k, "optc %s cpu-object llvm %s\ntriple %s\ncpu %s\nfeatures %s\nmodule %016llx%016llx\n",
+             OPTC_VERSION, LLVM_VERSION_STRING, t->triple, t->cpu, t->features, (unsigned long long)h0,
+             (unsigned long long)h1);
   ir_print(g, &k);
   return k.data;
 }
@@ -154,20 +172,30 @@ CpuProgram *cpu_compile(const Graph *g, const CpuTarget *ct, CompileTimes *times
   Target t;
   target_init(&t, ct);
   CpuProgram *p = NULL;
-  char *key = cache_key(g, &t);
+  char *key = NULL;
   void *obj = NULL;
   size_t objlen = 0;
+  LLVMTargetMachineRef tm = make_tm(&t);
+  if (!tm)
+    goto out;
+  LLVMContextRef c = LLVMContextCreate();
+  LLVMModuleRef m = build(g, c, tm, &t, false, times);
+  if (!m) {
+    LLVMContextDispose(c);
+    LLVMDisposeTargetMachine(tm);
+    goto out;
+  }
+  key = cache_key(g, &t, m);
   bool use_cache = !(ct && ct->no_cache);
   bool hit = use_cache && cache_get("cpu", key, &obj, &objlen);
   if (times)
     times->cache_hit = hit;
-  if (!hit) {
-    LLVMTargetMachineRef tm = make_tm(&t);
-    if (!tm)
-      goto out;
-    LLVMContextRef c = LLVMContextCreate();
-    LLVMModuleRef m = build(g, c, tm, &t, true, times);
-    if (!m) {
+  if (hit) {
+    LLVMDisposeModule(m);
+    LLVMContextDispose(c);
+    LLVMDisposeTargetMachine(tm);
+  } else {
+    if (!optimize_module(m, tm, times)) {
       LLVMContextDispose(c);
       LLVMDisposeTargetMachine(tm);
       goto out;
