@@ -735,7 +735,8 @@ int ckpt_prune(const char *out_dir, long keep) {
     steps[n++] = s;
   }
   closedir(d);
-  qsort(steps, (size_t)n, sizeof(long), by_long_desc);
+  if (n > 1)
+    qsort(steps, (size_t)n, sizeof(long), by_long_desc);
   int rc = 0;
   for (int i = (int)keep; i < n; i++) {
     char hidden[4200];

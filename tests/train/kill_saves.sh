@@ -164,6 +164,8 @@ if ! command -v strace > /dev/null || ! strace -f -qq -o /dev/null true 2> /dev/
   exit 0
 fi
 sys=openat,write,rename,renameat2,mkdir,unlink,rmdir,fsync
+# LeakSanitizer cannot run under ptrace: under ASan the traced runs check no leaks
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 prune=checkpointer.keep_last_n_checkpoints=1
 strace -f -qq -o "$work/trace" -e trace=$sys "$optc" run full_finetune_distributed --config "$cfg" $small max_steps=3 \
   output_dir="$work/t" $prune 2> "$work/t.log" \
