@@ -19,25 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int nchecks, nfailed;
-
-/* Failures go to stdout, since stderr is redirected while a message is
- * being captured. */
-#define CHECK(c) check((c), __LINE__, #c)
-static bool check(bool ok, int line, const char *what) {
-  nchecks++;
-  if (!ok) {
-    printf("test_data.c:%d: FAILED: %s\n", line, what);
-    fflush(stdout);
-    nfailed++;
-  }
-  return ok;
-}
-
-static void die(const char *what) {
-  printf("test_data: %s: %s\n", what, strerror(errno));
-  exit(2);
-}
+#include "check.h"
 
 static char dir[64];
 static Arena *arena;

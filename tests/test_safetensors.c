@@ -12,26 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int nchecks, nfailed;
-
-/* Failures go to stdout, since stderr is redirected while a message is
- * being captured. */
-#define CHECK(c) check((c), __LINE__, #c)
-static bool check(bool ok, int line, const char *what) {
-  nchecks++;
-  if (!ok) {
-    printf("test_safetensors.c:%d: FAILED: %s\n", line, what);
-    fflush(stdout);
-    nfailed++;
-  }
-  return ok;
-}
-
-/* A broken test environment is not a test failure: stop. */
-static void die(const char *what) {
-  printf("test_safetensors: %s: %s\n", what, strerror(errno));
-  exit(2);
-}
+#include "check.h"
 
 static char dir[64]; /* the temporary directory */
 

@@ -19,23 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int nchecks, nfailed;
-
-#define CHECK(c) check((c), __LINE__, #c)
-static bool check(bool ok, int line, const char *what) {
-  nchecks++;
-  if (!ok) {
-    printf("test_ckpt.c:%d: FAILED: %s\n", line, what);
-    fflush(stdout);
-    nfailed++;
-  }
-  return ok;
-}
-
-static void die(const char *what) {
-  printf("test_ckpt: %s: %s\n", what, strerror(errno));
-  exit(2);
-}
+#include "../check.h"
 
 static char root[64]; /* the temporary directory */
 
