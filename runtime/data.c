@@ -534,14 +534,22 @@ static bool add_alpaca_sample(SampleSink *sk, const char *instruction, const cha
   return true;
 }
 
-/* encode(file, bos, eos), in windows of L tokens with their next tokens. */
-static bool load_text_file(SampleSink *sk, const char *path, SrcPos at, const char *what) {
+/* Whether path can be read; else an error at the recipe key that names it
+ * (file_read's own error has no position). hfdata.c uses it too. */
+static bool can_open(const char *path, SrcPos at, const char *what) {
   FILE *f = fopen(path, "rb");
   if (!f) {
     error_at(at, "%s: cannot open '%s': %s", what, path, strerror(errno));
     return false;
   }
   fclose(f);
+  return true;
+}
+
+/* encode(file, bos, eos), in windows of L tokens with their next tokens. */
+static bool load_text_file(SampleSink *sk, const char *path, SrcPos at, const char *what) {
+  if (!can_open(path, at, what))
+    return false;
   size_t len;
   char *text = file_read(path, &len);
   if (!text)

@@ -491,12 +491,8 @@ static bool load_json_array(JsonCtx *c, int fi, size_t start) {
 }
 
 static bool load_json_file(HfTable *t, const char *path, SrcPos at, const char *what, bool skip_bad, int *bad) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    error_at(at, "%s: cannot open '%s': %s", what, path, strerror(errno));
+  if (!can_open(path, at, what))
     return false;
-  }
-  fclose(f);
   size_t len;
   char *text = file_read(path, &len);
   if (!text)
@@ -513,12 +509,8 @@ static bool load_json_file(HfTable *t, const char *path, SrcPos at, const char *
  * binary, an encoding or codec optc lacks, text that is not UTF-8 or holds
  * a NUL) is listed with why, and is an error only if the dataset reads it. */
 static bool load_parquet_file(HfTable *t, const char *path, SrcPos at, const char *what) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) {
-    error_at(at, "%s: cannot open '%s': %s", what, path, strerror(errno));
+  if (!can_open(path, at, what))
     return false;
-  }
-  fclose(fp);
   ParquetFile *f = parquet_open(path);
   if (!f)
     return false;
