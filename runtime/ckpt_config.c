@@ -187,23 +187,21 @@ static const char *const ckpt_keys[] = {
     "keep_last_n_checkpoints", "enable_dcp", "max_shard_size",
 };
 
-static const char *interp_str(const YamlNode *v, const char *what, const char *(*interp)(void *, const char *),
-                              void *ctx) {
+/* v's string (${key} references were resolved when the recipe loaded), or
+ * NULL after an error at v */
+static const char *str_of(const YamlNode *v, const char *what) {
   const char *s;
-  if (!yaml_string(v, what, &s))
-    return NULL;
-  return interp ? interp(ctx, s) : s;
+  return yaml_string(v, what, &s) ? s : NULL;
 }
 
 /* checkpoint_files: [FILE, ...] | {filename_format: FMT, max_filename: "NNNNN"} */
-static int parse_files(const Recipe *r, const YamlNode *v, const char *(*interp)(void *, const char *), void *ctx,
-                       CkptConfig *c) {
+static int parse_files(const Recipe *r, const YamlNode *v, CkptConfig *c) {
   if (yaml_is_null(v))
     return 0;
   if (v->kind == YAML_SEQ) {
     c->files = arena_alloc(r->arena, sizeof(char *) * ((size_t)v->n + 1));
     for (int i = 0; i < v->n; i++) {
-      const char *s = interp_str(v->items[i], "checkpointer.checkpoint_files", interp, ctx);
+      const char *s = str_of(v->items[i], "checkpointer.checkpoint_files");
       if (!s)
         return -1;
       c->files[c->nfiles++] = s;
@@ -221,7 +219,7 @@ static int parse_files(const Recipe *r, const YamlNode *v, const char *(*interp)
                        "generate checkpoint filenames (as torchtune requires)");
       return -1;
     }
-    const char *fmt = interp_str(f, "checkpointer.checkpoint_files.filename_format", interp, ctx);
+    const char *fmt = str_of(f, "checkpointer.checkpoint_files.filename_format");
     if (!fmt)
       return -1;
     /* torchtune: "`max_filename` must be a string"; unquoted, YAML makes 00050 a number */
@@ -255,8 +253,7 @@ static int parse_files(const Recipe *r, const YamlNode *v, const char *(*interp)
   return 0;
 }
 
-int ckpt_config(const Recipe *r, const char *(*interp)(void *ctx, const char *s), void *ctx, const char *default_out,
-                CkptConfig *c) {
+int ckpt_config(const Recipe *r, const char *default_out, CkptConfig *c) {
   *c = (CkptConfig){.output_dir = default_out, .max_shard_size = (int64_t)5e9};
   const YamlNode *ck = yaml_get(r->root, "checkpointer");
   if (yaml_is_null(ck))
@@ -280,7 +277,7 @@ int ckpt_config(const Recipe *r, const char *(*interp)(void *ctx, const char *s)
   const YamlNode *v;
   const char *s;
   if ((v = yaml_get(ck, "_component_"))) {
-    if (!(s = interp_str(v, "checkpointer._component_", interp, ctx)))
+    if (!(s = str_of(v, "checkpointer._component_")))
       return -1;
     if (strcmp(s, "torchtune.training.FullModelHFCheckpointer") != 0 &&
         strcmp(s, "torchtune.training.checkpointing.FullModelHFCheckpointer") != 0) {
@@ -291,7 +288,7 @@ int ckpt_config(const Recipe *r, const char *(*interp)(void *ctx, const char *s)
     }
   }
   if ((v = yaml_get(ck, "model_type"))) {
-    if (!(s = interp_str(v, "checkpointer.model_type", interp, ctx)))
+    if (!(s = str_of(v, "checkpointer.model_type")))
       return -1;
     if (strcmp(s, "LLAMA4") != 0) {
       error_at(v->pos, "checkpointer.model_type: optc's model is Llama 4 (LLAMA4), not '%s'", s);
@@ -299,12 +296,12 @@ int ckpt_config(const Recipe *r, const char *(*interp)(void *ctx, const char *s)
     }
   }
   if ((v = yaml_get(ck, "checkpoint_dir")) && !yaml_is_null(v) &&
-      !(c->checkpoint_dir = interp_str(v, "checkpointer.checkpoint_dir", interp, ctx)))
+      !(c->checkpoint_dir = str_of(v, "checkpointer.checkpoint_dir")))
     return -1;
   if ((v = yaml_get(ck, "output_dir")) && !yaml_is_null(v) &&
-      !(c->output_dir = interp_str(v, "checkpointer.output_dir", interp, ctx)))
+      !(c->output_dir = str_of(v, "checkpointer.output_dir")))
     return -1;
-  if (parse_files(r, yaml_get(ck, "checkpoint_files"), interp, ctx, c) != 0)
+  if (parse_files(r, yaml_get(ck, "checkpoint_files"), c) != 0)
     return -1;
   if (c->nfiles && !c->checkpoint_dir) {
     error_at(ck->pos, "checkpointer: checkpoint_files needs a checkpoint_dir to find them in");

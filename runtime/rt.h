@@ -200,11 +200,10 @@ typedef struct {
   SrcPos pos;
 } CkptConfig;
 
-/* Reads r's checkpointer block into *out (arena-allocated); interp, when
- * not NULL, resolves ${key} in its strings. output_dir defaults to
+/* Reads r's checkpointer block into *out (arena-allocated; its ${key}
+ * references were resolved when r loaded). output_dir defaults to
  * default_out. 0, or -1 with an error at the key. */
-int ckpt_config(const Recipe *r, const char *(*interp)(void *ctx, const char *s), void *ctx, const char *default_out,
-                CkptConfig *out);
+int ckpt_config(const Recipe *r, const char *default_out, CkptConfig *out);
 /* torchtune's FormattedCheckpointFiles: filename_format has two {}
  * placeholders; file i (from 1) is fmt.format(str(i).zfill(len(max)), max),
  * for int(max) files. *out is malloc'd (ckpt_strings_free). 0, or -1 with

@@ -65,43 +65,14 @@ typedef struct {
   bool options_only; /* bench: no checkpoints, no metrics */
 } Trainer;
 
-/* ---- ${key} interpolation, as OmegaConf does for torchtune's configs ------------------- */
+/* ---- the recipe's keys (their ${key} references resolved when it loaded) -------------- */
 
-static const char *expand(Trainer *t, const char *s) {
-  if (!s || !strstr(s, "${"))
-    return s;
-  Buf b = {0};
-  while (*s) {
-    const char *open = strstr(s, "${");
-    if (!open) {
-      buf_puts(&b, s);
-      break;
-    }
-    buf_put(&b, s, (size_t)(open - s));
-    const char *close = strchr(open, '}');
-    if (!close) {
-      buf_puts(&b, open);
-      break;
-    }
-    char key[128];
-    snprintf(key, sizeof key, "%.*s", (int)(close - open - 2), open + 2);
-    const YamlNode *v = yaml_get(t->r->root, key);
-    buf_puts(&b, v && v->kind == YAML_SCALAR ? v->str : "");
-    s = close + 1;
-  }
-  const char *out = arena_strdup(t->r->arena, b.data ? b.data : "");
-  buf_free(&b);
-  return out;
-}
-
-static const char *str_at(Trainer *t, const YamlNode *map, const char *key, const char *what, const char *def) {
+static const char *str_at(const YamlNode *map, const char *key, const char *what, const char *def) {
   const YamlNode *v = yaml_get(map, key);
   const char *s;
   if (yaml_is_null(v))
     return def;
-  if (!yaml_string(v, what, &s))
-    return NULL;
-  return expand(t, s);
+  return yaml_string(v, what, &s) ? s : NULL;
 }
 
 static void mkdir_p(const char *dir) {
@@ -439,14 +410,12 @@ static int resume_checkpoint(Trainer *t) {
   return 0;
 }
 
-static const char *expand_cb(void *ctx, const char *s) { return expand(ctx, s); }
-
 /* The checkpointer block, and the model's dims: checkpoint_dir/config.json's
  * when there is one (the recipe's model block must agree with it on every
  * dim it gives), else the recipe's. */
 static int setup_checkpointer(Trainer *t) {
   Recipe *r = t->r;
-  if (ckpt_config(r, expand_cb, t, t->output_dir, &t->ck) != 0)
+  if (ckpt_config(r, t->output_dir, &t->ck) != 0)
     return -1;
   t->ckpt_dir = t->ck.output_dir;
   t->resume |= t->ck.resume;
@@ -544,9 +513,9 @@ static int setup(Trainer *t) {
     error("%s: the recipe has no model section", r->path);
     return -1;
   }
-  t->output_dir = str_at(t, root, "output_dir", "output_dir", "/tmp/optc");
+  t->output_dir = str_at(root, "output_dir", "output_dir", "/tmp/optc");
   const YamlNode *ml = yaml_get(root, "metric_logger");
-  t->log_dir = ml ? str_at(t, ml, "log_dir", "metric_logger.log_dir", NULL) : NULL;
+  t->log_dir = ml ? str_at(ml, "log_dir", "metric_logger.log_dir", NULL) : NULL;
   if (!t->log_dir)
     t->log_dir = arena_printf(r->arena, "%s/logs", t->output_dir);
   const YamlNode *v;
