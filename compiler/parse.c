@@ -205,6 +205,11 @@ static bool parse_literal(Parser *ps, Type t, double *out) {
     perr(ps, off, "literal does not fit in i32");
     return false;
   }
+  /* literals are held as f64: an i64 one is exact up to 2^53 */
+  if (t == TY_I64 && fabs(*out) > 9007199254740992.0) {
+    perr(ps, off, "i64 literal beyond 2^53 (9007199254740992): optc holds literals as f64, exactly only up to there");
+    return false;
+  }
   if ((t == TY_F32 || t == TY_BF16 || t == TY_F16) && isfinite(*out) && !isfinite((float)*out)) {
     perr(ps, off, "literal overflows %s", type_names[t]);
     return false;
