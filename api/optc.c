@@ -30,8 +30,9 @@ struct optc_step {
   int nscalars;
   Ref *scalar;       /* (nscalars) the graph's inputs */
   const char *ir, *plan;
-  GroupLayout layout; /* of the last run's tensors */
-  bool have_layout;
+  GroupLayout layout; /* of the last run's tensors: the whole group, or the shard's chunks */
+  GroupLayout full;   /* a shard's whole group (the reducer's global chunks) */
+  bool have_layout, sharded;
   void **table;      /* (ntensors * nbufs) the last run's tensor table */
   double *vals;      /* (nins) input values */
 };
@@ -139,8 +140,11 @@ static void step_free(optc_step *s) {
   if (s->cpu)
     cpu_program_free(s->cpu);
   pool_free(s->pool);
-  if (s->have_layout)
+  if (s->have_layout) {
     layout_free(&s->layout);
+    if (s->sharded)
+      layout_free(&s->full);
+  }
   free(s->table);
   free(s->vals);
   arena_free(s->arena);
@@ -426,32 +430,101 @@ static bool same_numel(const GroupLayout *l, int n, const int64_t *numel) {
   return true;
 }
 
+int64_t optc_flat_layout(int ntensors, const int64_t *numel, int64_t *offset) {
+  int64_t at = 0;
+  for (int t = 0; t < ntensors; t++) {
+    if (offset)
+      offset[t] = at;
+    int64_t n = numel ? MAX(numel[t], 0) : 0;
+    at = (at + n + OPTC_TENSOR_ALIGN - 1) / OPTC_TENSOR_ALIGN * OPTC_TENSOR_ALIGN;
+  }
+  return at;
+}
+
+/* The run's layout: kept while the tensors keep their sizes (and a shard its slice). */
+static void use_layout(optc_step *s, int n, const int64_t *numel, const optc_shard *sh) {
+  bool same = s->have_layout && s->sharded == (sh != NULL) && same_numel(&s->layout, n, numel) &&
+              (!sh || (s->layout.lo == sh->lo && s->layout.hi == sh->hi));
+  if (same)
+    return;
+  if (s->have_layout) {
+    layout_free(&s->layout);
+    if (s->sharded)
+      layout_free(&s->full);
+  }
+  layout_init(&s->layout, n, numel);
+  s->sharded = sh != NULL;
+  if (sh) {
+    layout_init(&s->full, n, numel);
+    layout_restrict(&s->layout, sh->lo, sh->hi);
+  }
+  s->have_layout = true;
+  free(s->table);
+  s->table = malloc(sizeof(void *) * ((size_t)n * (size_t)s->g->nbufs + 1));
+  ASSERT(s->table);
+  if (s->cx) {
+    cuda_exec_free(s->cx);
+    s->cx = NULL;
+  }
+}
+
+static optc_status run(optc_step *s, const optc_buffers *b, const optc_shard *sh, const optc_scalar *scalars,
+                       int nscalars, int threads, optc_result *res, optc_error *err);
+
 optc_status optc_step_run(optc_step *s, const optc_buffers *b, const optc_scalar *scalars, int nscalars, int threads,
                           optc_result *res, optc_error *err) {
+  return run(s, b, NULL, scalars, nscalars, threads, res, err);
+}
+
+optc_status optc_step_run_shard(optc_step *s, const optc_buffers *b, const optc_shard *shard,
+                                const optc_scalar *scalars, int nscalars, int threads, optc_result *res,
+                                optc_error *err) {
+  if (!shard) {
+    Capture c;
+    capture_begin(&c);
+    return fail(&c, err, OPTC_ERR_INVALID, "optc_step_run_shard: shard is NULL");
+  }
+  return run(s, b, shard, scalars, nscalars, threads, res, err);
+}
+
+static optc_status run(optc_step *s, const optc_buffers *b, const optc_shard *sh, const optc_scalar *scalars,
+                       int nscalars, int threads, optc_result *res, optc_error *err) {
   Capture c;
   capture_begin(&c);
+  const char *fn = sh ? "optc_step_run_shard" : "optc_step_run";
   if (!s || !b)
-    return fail(&c, err, OPTC_ERR_INVALID, "optc_step_run: %s is NULL", s ? "buffers" : "step");
+    return fail(&c, err, OPTC_ERR_INVALID, "%s: %s is NULL", fn, s ? "buffers" : "step");
   if (res)
     *res = (optc_result){.grad_norm = NAN, .grad_sumsq = NAN};
   const Graph *g = s->g;
   int n = b->ntensors;
   if (n < 0 || (n > 0 && (!b->numel || !b->param || !b->grad || (s->nstates > 0 && !b->state))))
-    return fail(&c, err, OPTC_ERR_INVALID, "optc_step_run: %d tensors but a NULL numel, param, grad or state table", n);
+    return fail(&c, err, OPTC_ERR_INVALID, "%s: %d tensors but a NULL numel, param, grad or state table", fn, n);
   for (int t = 0; t < n; t++) {
     if (b->numel[t] < 0)
-      return fail(&c, err, OPTC_ERR_INVALID, "optc_step_run: tensor %d has %lld elements", t, (long long)b->numel[t]);
+      return fail(&c, err, OPTC_ERR_INVALID, "%s: tensor %d has %lld elements", fn, t, (long long)b->numel[t]);
     if (b->numel[t] == 0)
       continue;
     if (!b->param[t] || !b->grad[t])
-      return fail(&c, err, OPTC_ERR_INVALID, "optc_step_run: tensor %d: a NULL %s", t, b->param[t] ? "grad" : "param");
+      return fail(&c, err, OPTC_ERR_INVALID, "%s: tensor %d: a NULL %s", fn, t, b->param[t] ? "grad" : "param");
     for (int k = 0; k < s->nstates; k++)
       if (!b->state[(size_t)k * (size_t)n + (size_t)t])
-        return fail(&c, err, OPTC_ERR_INVALID, "optc_step_run: tensor %d: a NULL %s", t,
+        return fail(&c, err, OPTC_ERR_INVALID, "%s: tensor %d: a NULL %s", fn, t,
                     g->bufs[s->state_buf[k]].name);
   }
+  if (sh) {
+    int64_t total = optc_flat_layout(n, b->numel, NULL);
+    if (sh->lo < 0 || sh->lo % OPTC_REDUCE_BLOCK != 0 || sh->hi < sh->lo || sh->hi > total)
+      return fail(&c, err, OPTC_ERR_INVALID,
+                  "%s: slice [%lld, %lld) is not inside the group's %lld flat elements from a multiple of %d", fn,
+                  (long long)sh->lo, (long long)sh->hi, (long long)total, OPTC_REDUCE_BLOCK);
+    if (!sh->gather || !sh->all)
+      return fail(&c, err, OPTC_ERR_INVALID, "%s: the shard has no %s callback", fn, sh->gather ? "all" : "gather");
+    if (s->target != OPTC_TARGET_CPU)
+      return fail(&c, err, OPTC_ERR_INVALID, "%s: sharded steps run on the CPU target only", fn);
+  }
   if (nscalars < 0 || (nscalars > 0 && !scalars))
-    return fail(&c, err, OPTC_ERR_INVALID, "optc_step_run: %d scalars but no array", nscalars);
+    return fail(&c, err, OPTC_ERR_INVALID, "%s: %d scalars but no array", fn, nscalars);
   /* the inputs: defaults, then the caller's */
   for (int i = 0; i < s->nscalars; i++) {
     const Ins *x = &g->ins[s->scalar[i]];
@@ -460,7 +533,7 @@ optc_status optc_step_run(optc_step *s, const optc_buffers *b, const optc_scalar
   for (int k = 0; k < nscalars; k++) {
     const optc_scalar *x = &scalars[k];
     if (!x->name)
-      return fail(&c, err, OPTC_ERR_INVALID, "optc_step_run: scalar %d has no name", k);
+      return fail(&c, err, OPTC_ERR_INVALID, "%s: scalar %d has no name", fn, k);
     Ref r = graph_find_input(g, x->name);
     if (r == NOREF || g->ins[r].op != OP_INPUT) {
       optc_status st = check_unread(s, x);
@@ -484,20 +557,8 @@ optc_status optc_step_run(optc_step *s, const optc_buffers *b, const optc_scalar
   for (int i = 0; i < s->nscalars; i++)
     if (isnan(s->vals[s->scalar[i]]) && !g->ins[s->scalar[i]].has_imm)
       return fail(&c, err, OPTC_ERR_INVALID, "scalar %s has no value; give it", g->ins[s->scalar[i]].name);
-  /* the layout of these tensors (kept while they keep their sizes) and the tensor table */
-  if (!s->have_layout || !same_numel(&s->layout, n, b->numel)) {
-    if (s->have_layout)
-      layout_free(&s->layout);
-    layout_init(&s->layout, n, b->numel);
-    s->have_layout = true;
-    free(s->table);
-    s->table = malloc(sizeof(void *) * ((size_t)n * (size_t)g->nbufs + 1));
-    ASSERT(s->table);
-    if (s->cx) {
-      cuda_exec_free(s->cx);
-      s->cx = NULL;
-    }
-  }
+  /* the layout of these tensors and the tensor table */
+  use_layout(s, n, b->numel, sh);
   for (int t = 0; t < n; t++) {
     void **row = &s->table[(size_t)t * (size_t)g->nbufs];
     row[s->param_buf] = b->param[t];
@@ -508,6 +569,11 @@ optc_status optc_step_run(optc_step *s, const optc_buffers *b, const optc_scalar
   NonfiniteMode nf = s->r->nonfinite;
   StepArgs args = {.inputs = s->vals, .grads_finite = nf == NONFINITE_PROPAGATE ? 1 : -1,
                    .propagate = nf == NONFINITE_PROPAGATE};
+  Reducer reducer;
+  if (sh) {
+    reducer = (Reducer){&s->full, sh->gather, sh->all, sh->ctx};
+    args.reducer = &reducer;
+  }
   StepResult sr;
   int rc;
   if (s->target == OPTC_TARGET_CPU) {

@@ -900,6 +900,10 @@ Recipe *recipe_from_text(const char *name, const char *text, const char *const *
   r->src.name = r->path;
   r->src.text = arena_strdup(a, text);
   r->src.len = strlen(text);
+  r->overrides = arena_alloc(a, sizeof(char *) * (size_t)(noverrides + 1));
+  for (int i = 0; i < noverrides; i++)
+    r->overrides[i] = arena_strdup(a, overrides[i]);
+  r->noverrides = noverrides;
   r->root = yaml_load(&r->src, a);
   if (!r->root)
     return NULL;

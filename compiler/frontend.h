@@ -100,6 +100,10 @@ typedef struct {
 typedef struct {
   const char *path;
   SrcFile src;
+  /* the key=value / ~key overrides it was loaded with (src + these is the
+   * recipe: what optc_step_from_recipe takes to build the same step) */
+  const char **overrides;
+  int noverrides;
   Arena *arena;
   YamlNode *root;
   /* root without the config's own variables (keys only other values refer

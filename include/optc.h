@@ -186,6 +186,44 @@ typedef struct {
 optc_status optc_step_run(optc_step *s, const optc_buffers *b, const optc_scalar *scalars, int nscalars,
                           int threads, optc_result *res, optc_error *err);
 
+/* ---- a group sharded over ranks (FSDP) ------------------------------------------ */
+/* Under FSDP each of N ranks owns a slice of a group's elements and steps
+ * only that slice. optc lays a group's tensors one after another in "flat"
+ * indices, each tensor starting on a multiple of OPTC_TENSOR_ALIGN;
+ * optc_flat_layout writes tensor t's first flat index to offset[t] and
+ * returns the flat length. A rank's slice [lo, hi) starts on a multiple of
+ * OPTC_REDUCE_BLOCK, the block of the step-scope sums (the grad norm). */
+#define OPTC_REDUCE_BLOCK 4096
+#define OPTC_TENSOR_ALIGN 16
+int64_t optc_flat_layout(int ntensors, const int64_t *numel, int64_t *offset);
+
+/* This rank's slice and the two collectives a sharded step needs. optc cuts
+ * the slice into chunks (a chunk: the part of one tensor inside one
+ * OPTC_REDUCE_BLOCK block) and keeps one f64 partial sum per chunk:
+ * - gather: every rank's partials to every rank. local holds this rank's
+ *   nlocal chunks x width values; global receives every rank's, the ranks'
+ *   slices in ascending order (the group's chunks in flat order). The
+ *   step folds them in that order, so its norm has the same bits for any
+ *   number of ranks.
+ * - all: 1 when every rank's local is 1 (the grads are finite everywhere);
+ *   every rank then skips a step together.
+ * Each returns 0 (gather) or the answer (all), or -1 on a failed collective. */
+typedef struct {
+  int64_t lo, hi;
+  int (*gather)(void *ctx, const double *local, int64_t nlocal, int width, double *global);
+  int (*all)(void *ctx, int local);
+  void *ctx;
+} optc_shard;
+
+/* optc_step_run over one rank's slice: b describes the whole group
+ * (ntensors and numel of every tensor), its pointers flat-indexed (tensor
+ * t's element i at param[t] + i, for the flat indices in [lo, hi) only: the
+ * rest is never touched, and may be another rank's memory). Every rank
+ * calls it with the same scalars. CPU only. */
+optc_status optc_step_run_shard(optc_step *s, const optc_buffers *b, const optc_shard *shard,
+                                const optc_scalar *scalars, int nscalars, int threads, optc_result *res,
+                                optc_error *err);
+
 #ifdef __cplusplus
 }
 #endif

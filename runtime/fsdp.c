@@ -227,7 +227,9 @@ int fsdp_step(Fsdp *f, Executor *x, const double *inputs, StepResult *res) {
     has_step_reduction |= g->ins[i].op == OP_REDUCE && g->ins[i].to == SCOPE_STEP;
   StepArgs args = {inputs, has_step_reduction ? 1 : -1, &f->reducer};
   int rc;
-  switch (x->backend) {
+  optc_shard shard = {f->lo, f->hi, gather_partials, all_ranks, f};
+  switch (x->api ? NUM_BACKENDS : x->backend) {
+  case NUM_BACKENDS: rc = executor_api_step(x, &f->full, f->bufs, inputs, &shard, res); break;
   case BACKEND_INTERP: rc = interp_step(g, &f->shard, f->bufs, &args, res); break;
   case BACKEND_EAGER: {
     /* eager runs the front end's graph: its buffers and inputs, by name */

@@ -398,8 +398,70 @@ int executor_init(Executor *x, Backend b, const Graph *optimized, const Graph *u
   }
 }
 
+void executor_init_api(Executor *x, optc_step *api, const Graph *g, int threads) {
+  memset(x, 0, sizeof *x);
+  x->backend = BACKEND_CPU;
+  x->g = g;
+  x->api = api;
+  x->api_threads = threads;
+}
+
+int executor_api_step(Executor *x, const GroupLayout *full, void *const *flat, const double *inputs,
+                      const optc_shard *shard, StepResult *res) {
+  const Graph *g = x->g;
+  optc_step *s = x->api;
+  int n = full->ntensors, ns = optc_step_num_states(s);
+  void **param = calloc((size_t)n + 1, sizeof(void *)), **grad = calloc((size_t)n + 1, sizeof(void *));
+  void **state = calloc((size_t)ns * (size_t)n + 1, sizeof(void *));
+  optc_scalar *sc = calloc((size_t)g->nins + 1, sizeof(optc_scalar));
+  ASSERT(param && grad && state && sc);
+  int matched = 0;
+  for (int b = 0; b < g->nbufs; b++) {
+    const Buffer *buf = &g->bufs[b];
+    int k = -1;
+    for (int j = 0; j < ns && k < 0; j++)
+      if (buf->kind == BUF_STATE && !strcmp(optc_step_state_name(s, j), buf->name))
+        k = j;
+    matched += k >= 0;
+    for (int t = 0; t < n; t++) {
+      void *p = (char *)flat[b] + full->offset[t] * type_size((Type)buf->type);
+      if (buf->kind == BUF_PARAM)
+        param[t] = p;
+      else if (buf->kind == BUF_GRAD)
+        grad[t] = p;
+      else if (k >= 0)
+        state[(size_t)k * (size_t)n + (size_t)t] = p;
+    }
+  }
+  ASSERT(matched == ns); /* the same recipe: the same states */
+  int nsc = 0;
+  for (int i = 0; i < g->nins; i++)
+    if (g->ins[i].op == OP_INPUT)
+      sc[nsc++] = (optc_scalar){g->ins[i].name, inputs[i]};
+  optc_buffers bb = {.ntensors = n, .numel = full->numel, .param = param, .grad = grad, .state = state};
+  optc_result r;
+  optc_error err;
+  optc_status st = shard ? optc_step_run_shard(s, &bb, shard, sc, nsc, x->api_threads, &r, &err)
+                         : optc_step_run(s, &bb, sc, nsc, x->api_threads, &r, &err);
+  free(param);
+  free(grad);
+  free(state);
+  free(sc);
+  memset(res, 0, sizeof *res);
+  if (st != OPTC_OK && st != OPTC_ERR_NONFINITE) { /* NONFINITE: skipped, the caller says so */
+    fprintf(stderr, "%s\n", err.message);
+    return -1;
+  }
+  res->skipped = r.skipped;
+  if (!isnan(r.grad_sumsq))
+    res->red[res->nred++] = r.grad_sumsq;
+  return 0;
+}
+
 int executor_step(Executor *x, ParamGroup *pg, const StepArgs *args, StepResult *res) {
   ASSERT(pg->g == x->g);
+  if (x->api)
+    return executor_api_step(x, &pg->layout, pg->bufs, args->inputs, NULL, res);
   switch (x->backend) {
   case BACKEND_INTERP: return interp_step(pg->g, &pg->layout, pg->bufs, args, res);
   case BACKEND_EAGER: return eager_step(pg->g, &pg->layout, pg->bufs, args, res);
@@ -424,6 +486,7 @@ int executor_step(Executor *x, ParamGroup *pg, const StepArgs *args, StepResult 
 }
 
 void executor_free(Executor *x) {
+  optc_step_free(x->api);
   cuda_exec_free(x->cuda_exec);
   cuda_program_free(x->cuda);
   cpu_program_free(x->cpu);

@@ -7,6 +7,7 @@
 #include "../compiler/plan.h"
 #include "model/llama4.h"
 #include "tensor.h"
+#include "optc.h"
 
 typedef struct ThreadPool ThreadPool; /* exec_cpu.c */
 
@@ -73,13 +74,25 @@ typedef struct {
   CudaProgram *cuda;     /* the cuda backend's program, and */
   CudaExec *cuda_exec;   /* its executor, made at the first step (it needs the layout) */
   CompileTimes times;
+  optc_step *api;        /* the public API's step (include/optc.h), when it runs the steps */
+  int api_threads;
 } Executor;
 
 /* `optimized` has been through the pipeline; `unoptimized` is the front
  * end's graph (eager runs it). threads < 1: one per core. */
 int executor_init(Executor *x, Backend b, const Graph *optimized, const Graph *unoptimized, int threads,
                   const CpuTarget *target);
+/* An executor whose steps run through the public API (include/optc.h), as
+ * a library user's do: api (which x takes, and frees) was built from the
+ * recipe g was built from, whose buffers and inputs it matches by name.
+ * CPU and CUDA targets; threads as optc_step_run takes them. */
+void executor_init_api(Executor *x, optc_step *api, const Graph *g, int threads);
 int executor_step(Executor *x, ParamGroup *pg, const StepArgs *args, StepResult *res);
+/* A step of x->api over flat-indexed buffers of layout full (g's buffers:
+ * element i of tensor t at flat[b] + full->offset[t] + i), on one rank's
+ * slice when shard is not NULL. */
+int executor_api_step(Executor *x, const GroupLayout *full, void *const *flat, const double *inputs,
+                      const optc_shard *shard, StepResult *res);
 void executor_free(Executor *x);
 
 /* ---- eager.c: torch eager's way of running a step ------------------------------------

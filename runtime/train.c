@@ -621,8 +621,20 @@ static int setup(Trainer *t) {
     error("cannot start %d threads for the model", threads);
     return -1;
   }
-  if (executor_init(&t->ex, t->compiled ? BACKEND_CPU : BACKEND_EAGER, t->g, t->unopt, threads, NULL) != 0)
+  /* the compiled step through the public API (include/optc.h), built from
+   * the recipe as a library user builds it; eager runs the runtime's own */
+  if (t->compiled) {
+    optc_step *api;
+    optc_error err;
+    if (optc_step_from_recipe(r->path, r->src.text, (const char *const *)r->overrides, r->noverrides,
+                              OPTC_TARGET_CPU, &api, &err) != OPTC_OK) {
+      fprintf(stderr, "%s\n", err.message);
+      return -1;
+    }
+    executor_init_api(&t->ex, api, t->g, threads);
+  } else if (executor_init(&t->ex, BACKEND_EAGER, t->g, t->unopt, threads, NULL) != 0) {
     return -1;
+  }
   t->inputs = calloc((size_t)t->g->nins + 1, sizeof(double));
   Binding first = {"step", 1};
   if (inputs_resolve(t->g, NULL, 0, &first, 1, t->inputs) != 0)

@@ -9,10 +9,14 @@
  * - clipping: NORM against GIVEN with the norm NORM reported, and
  *   optc.grad_norm's sum of squares;
  * - nonfinite grads: PROPAGATE, SKIP, ERROR;
+ * - a sharded group (optc_step_run_shard): 2 and 3 ranks, as threads with
+ *   their own step objects over one flat group, give the one-rank run's
+ *   bytes and norm, clipping included, and skip together;
  * - bad input: every one an error code and a message, never an exit. */
 #include "optc.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -329,12 +333,199 @@ static void test_bad_input(void) {
   optc_step_free(s);
 }
 
+/* ---- a sharded group: ranks as threads ------------------------------------------ */
+enum { SNT = 5, MAXRANKS = 3 };
+static const int64_t snumel[SNT] = {5000, 3, 9001, 4097, 1};
+
+typedef struct {
+  int world;
+  pthread_barrier_t bar;
+  const double *part[MAXRANKS]; /* each rank's partials, while a gather runs */
+  int64_t npart[MAXRANKS];
+  int flag[MAXRANKS];
+} World;
+
+typedef struct {
+  World *w;
+  int rank;
+  optc_step *s;
+  optc_buffers b;
+  optc_shard sh;
+  const optc_scalar *sc;
+  int nsc;
+  optc_status st;
+  optc_result res;
+  char msg[sizeof(optc_error)];
+} Rank;
+
+static int rank_gather(void *ctx, const double *local, int64_t nlocal, int width, double *global) {
+  Rank *r = ctx;
+  World *w = r->w;
+  w->part[r->rank] = local;
+  w->npart[r->rank] = nlocal * width;
+  pthread_barrier_wait(&w->bar);
+  int64_t at = 0;
+  for (int k = 0; k < w->world; k++) {
+    memcpy(global + at, w->part[k], sizeof(double) * (size_t)w->npart[k]);
+    at += w->npart[k];
+  }
+  pthread_barrier_wait(&w->bar); /* every rank has read every slot */
+  return 0;
+}
+
+static int rank_all(void *ctx, int local) {
+  Rank *r = ctx;
+  World *w = r->w;
+  w->flag[r->rank] = local;
+  pthread_barrier_wait(&w->bar);
+  int all = 1;
+  for (int k = 0; k < w->world; k++)
+    all &= w->flag[k];
+  pthread_barrier_wait(&w->bar);
+  return all;
+}
+
+static void *rank_main(void *arg) {
+  Rank *r = arg;
+  optc_error err;
+  r->st = optc_step_run_shard(r->s, &r->b, &r->sh, r->sc, r->nsc, 1, &r->res, &err);
+  snprintf(r->msg, sizeof r->msg, "%s", err.message);
+  return NULL;
+}
+
+typedef struct {
+  int64_t offset[SNT], total;
+  float *flat[4]; /* param, grad, exp_avg, exp_avg_sq */
+  void *ptr[4][SNT];
+} Flat;
+
+static void flat_init(Flat *f, uint64_t seed, int nan_at) {
+  f->total = optc_flat_layout(SNT, snumel, f->offset);
+  rng = seed;
+  for (int k = 0; k < 4; k++) {
+    f->flat[k] = calloc((size_t)f->total, sizeof(float));
+    for (int t = 0; t < SNT; t++) {
+      for (int64_t i = 0; k < 2 && i < snumel[t]; i++)
+        f->flat[k][f->offset[t] + i] = uniform();
+      f->ptr[k][t] = f->flat[k] + f->offset[t];
+    }
+  }
+  if (nan_at >= 0)
+    f->flat[1][nan_at] = NAN;
+}
+
+static void flat_free(Flat *f) {
+  for (int k = 0; k < 4; k++)
+    free(f->flat[k]);
+}
+
+static int flat_equal(const Flat *a, const Flat *b) {
+  for (int k = 0; k < 4; k++)
+    if (memcmp(a->flat[k], b->flat[k], sizeof(float) * (size_t)a->total) != 0)
+      return 0;
+  return 1;
+}
+
+/* Three steps of AdamW with clipping on `world` ranks (0: optc_step_run). */
+static void shard_run(Flat *f, int world, const char *nonfinite, optc_result *last) {
+  optc_spec spec = optc_spec_default("adamw");
+  spec.clip = OPTC_CLIP_NORM;
+  spec.nonfinite = strcmp(nonfinite, "skip") == 0 ? OPTC_NONFINITE_SKIP : OPTC_NONFINITE_PROPAGATE;
+  optc_error err;
+  int n = world ? world : 1;
+  optc_step *s[MAXRANKS] = {0};
+  for (int r = 0; r < n; r++)
+    CHECK(optc_step_new(&spec, &s[r], &err) == OPTC_OK, "adamw clip: %s", err.message);
+  void *state[2 * SNT];
+  for (int t = 0; t < SNT; t++)
+    state[t] = f->ptr[2][t], state[SNT + t] = f->ptr[3][t];
+  optc_buffers b = {.ntensors = SNT, .numel = snumel, .param = f->ptr[0], .grad = f->ptr[1], .state = state};
+  World w = {.world = n};
+  pthread_barrier_init(&w.bar, NULL, (unsigned)n);
+  int64_t S = ((f->total + n - 1) / n + OPTC_REDUCE_BLOCK - 1) / OPTC_REDUCE_BLOCK * OPTC_REDUCE_BLOCK;
+  for (int step = 1; step <= 3 && s[n - 1]; step++) {
+    optc_scalar sc[] = {{"lr", 0.01}, {"weight_decay", 0.1}, {"max_norm", 0.5}, {"step", step}};
+    if (!world) {
+      CHECK(optc_step_run(s[0], &b, sc, 4, 2, last, &err) == OPTC_OK, "one rank: %s", err.message);
+      continue;
+    }
+    Rank rk[MAXRANKS];
+    pthread_t th[MAXRANKS];
+    for (int r = 0; r < n; r++) {
+      int64_t lo = S * r, hi = lo + S < f->total ? lo + S : f->total;
+      rk[r] = (Rank){.w = &w, .rank = r, .s = s[r], .b = b, .sc = sc, .nsc = 4};
+      rk[r].sh = (optc_shard){lo, hi > lo ? hi : lo, rank_gather, rank_all, &rk[r]};
+      pthread_create(&th[r], NULL, rank_main, &rk[r]);
+    }
+    for (int r = 0; r < n; r++)
+      pthread_join(th[r], NULL);
+    for (int r = 0; r < n; r++) {
+      CHECK(rk[r].st == OPTC_OK, "rank %d of %d: %s", r, n, rk[r].msg);
+      CHECK(memcmp(&rk[r].res.grad_norm, &rk[0].res.grad_norm, sizeof(double)) == 0 &&
+                rk[r].res.skipped == rk[0].res.skipped,
+            "rank %d of %d agrees with rank 0 on the norm and the skip", r, n);
+    }
+    *last = rk[0].res;
+  }
+  pthread_barrier_destroy(&w.bar);
+  for (int r = 0; r < n; r++)
+    optc_step_free(s[r]);
+}
+
+static void test_shard(void) {
+  Flat one, many;
+  optc_result r1, rn;
+  flat_init(&one, 99, -1);
+  shard_run(&one, 0, "propagate", &r1);
+  CHECK(r1.grad_norm > 0.5, "the norm clips: %g", r1.grad_norm);
+  for (int world = 2; world <= MAXRANKS; world++) {
+    flat_init(&many, 99, -1);
+    shard_run(&many, world, "propagate", &rn);
+    CHECK(flat_equal(&one, &many) && rn.grad_norm == r1.grad_norm && rn.grad_sumsq == r1.grad_sumsq,
+          "%d ranks give one rank's bytes and norm (%.17g vs %.17g)", world, rn.grad_norm, r1.grad_norm);
+    flat_free(&many);
+  }
+  flat_free(&one);
+  /* a NaN grad in the last rank's slice: with SKIP every rank skips, and nothing changes */
+  Flat before, after;
+  flat_init(&before, 5, -1);
+  flat_init(&after, 5, -1);
+  after.flat[1][after.offset[3] + 4000] = NAN;
+  before.flat[1][before.offset[3] + 4000] = NAN;
+  shard_run(&after, 3, "skip", &rn);
+  CHECK(rn.skipped && flat_equal(&before, &after), "3 ranks skip a NaN grad together, nothing written");
+  flat_free(&before);
+  flat_free(&after);
+  /* bad slices */
+  optc_spec spec = optc_spec_default("sgd");
+  optc_step *s = NULL;
+  optc_error err;
+  CHECK(optc_step_new(&spec, &s, &err) == OPTC_OK, "sgd: %s", err.message);
+  Flat f;
+  flat_init(&f, 1, -1);
+  optc_buffers b = {.ntensors = SNT, .numel = snumel, .param = f.ptr[0], .grad = f.ptr[1]};
+  optc_scalar sc[] = {{"lr", 0.1}};
+  optc_shard bad = {100, 5000, rank_gather, rank_all, NULL};
+  CHECK(optc_step_run_shard(s, &b, &bad, sc, 1, 1, NULL, &err) == OPTC_ERR_INVALID && strstr(err.message, "4096"),
+        "a slice off the block grid: %s", err.message);
+  bad = (optc_shard){0, f.total + 1, rank_gather, rank_all, NULL};
+  CHECK(optc_step_run_shard(s, &b, &bad, sc, 1, 1, NULL, &err) == OPTC_ERR_INVALID, "a slice past the end: %s",
+        err.message);
+  bad = (optc_shard){0, 4096, NULL, rank_all, NULL};
+  CHECK(optc_step_run_shard(s, &b, &bad, sc, 1, 1, NULL, &err) == OPTC_ERR_INVALID && strstr(err.message, "gather"),
+        "no gather: %s", err.message);
+  CHECK(optc_step_run_shard(s, &b, NULL, sc, 1, 1, NULL, &err) == OPTC_ERR_INVALID, "no shard: %s", err.message);
+  flat_free(&f);
+  optc_step_free(s);
+}
+
 int main(void) {
   printf("liboptc %s\n", optc_version());
   test_sgd();
   test_adamw();
   test_clip();
   test_nonfinite();
+  test_shard();
   test_bad_input();
   printf("test_api: %d checks, %d failed\n", checks, failures);
   return failures != 0;

@@ -369,54 +369,6 @@ static int cmd_compile(int argc, char **argv) {
   return rc;
 }
 
-/* One step of pg through the public API: the tensors' own memory in pg's
- * flat buffers, the graph's inputs as scalars. The API finds non-finite
- * grads itself, as the recipe's nonfinite_grads says. */
-static int api_step(optc_step *s, const Graph *g, ParamGroup *pg, const double *vals, int threads, StepResult *res) {
-  int n = pg->ntensors, ns = optc_step_num_states(s);
-  void **param = calloc((size_t)n + 1, sizeof(void *)), **grad = calloc((size_t)n + 1, sizeof(void *));
-  void **state = calloc((size_t)n * (size_t)ns + 1, sizeof(void *));
-  optc_scalar *sc = calloc((size_t)g->nins + 1, sizeof(optc_scalar));
-  ASSERT(param && grad && state && sc);
-  for (int b = 0; b < g->nbufs; b++) {
-    const Buffer *buf = &g->bufs[b];
-    int k = -1;
-    for (int j = 0; j < ns && k < 0; j++)
-      if (buf->kind == BUF_STATE && !strcmp(optc_step_state_name(s, j), buf->name))
-        k = j;
-    for (int t = 0; t < n; t++) {
-      void *p = (char *)pg->bufs[b] + pg->layout.offset[t] * type_size((Type)buf->type);
-      if (buf->kind == BUF_PARAM)
-        param[t] = p;
-      else if (buf->kind == BUF_GRAD)
-        grad[t] = p;
-      else if (k >= 0)
-        state[(size_t)k * (size_t)n + (size_t)t] = p;
-    }
-  }
-  int nsc = 0;
-  for (int i = 0; i < g->nins; i++)
-    if (g->ins[i].op == OP_INPUT)
-      sc[nsc++] = (optc_scalar){g->ins[i].name, vals[i]};
-  optc_buffers bb = {.ntensors = n, .numel = pg->layout.numel, .param = param, .grad = grad, .state = state};
-  optc_result r;
-  optc_error err;
-  optc_status st = optc_step_run(s, &bb, sc, nsc, threads, &r, &err);
-  free(param);
-  free(grad);
-  free(state);
-  free(sc);
-  memset(res, 0, sizeof *res);
-  if (st != OPTC_OK && st != OPTC_ERR_NONFINITE) {
-    fprintf(stderr, "%s\n", err.message);
-    return -1;
-  }
-  res->skipped = r.skipped;
-  if (!isnan(r.grad_sumsq))
-    res->red[res->nred++] = r.grad_sumsq;
-  return 0;
-}
-
 static int cmd_exec(int argc, char **argv) {
   const char *config = NULL, *in_path = NULL, *out_path = NULL;
   long steps = 1;
@@ -432,7 +384,6 @@ static int cmd_exec(int argc, char **argv) {
   void *grads0 = NULL;
   Executor ex;
   bool have_ex = false;
-  optc_step *api = NULL;
   int threads = 0, nproc = 1;
   bool mpi_rank = false; /* one of --nproc's ranks, started by mpirun */
   Coll *coll = NULL;
@@ -587,22 +538,24 @@ static int cmd_exec(int argc, char **argv) {
   Graph *unopt = g ? graph_clone(g, arena) : NULL;
   if (!g || !pipeline_run(g, &(PipelineOptions){0}))
     goto done;
-  /* A recipe's compiled step on one rank runs through the public API
-   * (include/optc.h), as a library user's does; the reference backends
-   * and the sharded step run the runtime's executors. */
-  if (recipe && !coll && (backend == BACKEND_CPU || backend == BACKEND_CUDA)) {
+  /* A recipe's compiled step runs through the public API (include/optc.h),
+   * as a library user's does, on one rank or sharded; the reference
+   * backends (interp, eager) and .optir programs run the runtime's
+   * executors. */
+  if (recipe && (backend == BACKEND_CPU || backend == BACKEND_CUDA)) {
     optc_error err;
+    optc_step *api;
     if (optc_step_from_recipe(config, recipe->src.text, overrides, nov,
                               backend == BACKEND_CPU ? OPTC_TARGET_CPU : OPTC_TARGET_CUDA, &api, &err) != OPTC_OK) {
       fprintf(stderr, "%s\n", err.message);
       goto done;
     }
-  } else {
-    if (executor_init(&ex, backend, g, unopt, threads, NULL) != 0)
-      goto done;
-    have_ex = true;
-    g = (Graph *)ex.g;
+    executor_init_api(&ex, api, g, threads);
+  } else if (executor_init(&ex, backend, g, unopt, threads, NULL) != 0) {
+    goto done;
   }
+  have_ex = true;
+  g = (Graph *)ex.g;
   vals = calloc((size_t)g->nins + 1, sizeof(double));
   Binding first_step = {"step", 1.0};
   if (inputs_resolve(g, input_sets ? input_sets : sets, input_sets ? ninput_sets : nsets, &first_step, 1, vals) != 0)
@@ -654,10 +607,7 @@ static int cmd_exec(int argc, char **argv) {
       vals[lr_ref] = sched_lr(&sched, base_lr, (long)now + 1);
     StepArgs args = {.inputs = vals, .grads_finite = finite, .propagate = nonfinite == NONFINITE_PROPAGATE};
     StepResult res;
-    if (api) {
-      if (api_step(api, g, &pg, vals, threads, &res) != 0)
-        goto done;
-    } else if ((coll ? fsdp_step(&fsdp, &ex, vals, &res) : executor_step(&ex, &pg, &args, &res)) != 0) {
+    if ((coll ? fsdp_step(&fsdp, &ex, vals, &res) : executor_step(&ex, &pg, &args, &res)) != 0) {
       goto done;
     }
     if (res.skipped) {
@@ -700,7 +650,6 @@ static int cmd_exec(int argc, char **argv) {
     goto done;
   rc = 0;
 done:
-  optc_step_free(api);
   if (have_fsdp)
     fsdp_free(&fsdp);
   if (have_group)
