@@ -431,13 +431,13 @@ static LLVMValueRef arith(E *e, Op op, LLVMValueRef *a) {
   case OP_ADD: return LLVMBuildFAdd(b, a[0], a[1], "");
   case OP_SUB: return LLVMBuildFSub(b, a[0], a[1], "");
   case OP_MUL: return LLVMBuildFMul(b, a[0], a[1], "");
-  case OP_DIV: if (getenv("OPTC_EXP_NODIV")) return LLVMBuildFMul(b, a[0], a[1], ""); return LLVMBuildFDiv(b, a[0], a[1], "");
+  case OP_DIV: return LLVMBuildFDiv(b, a[0], a[1], "");
   case OP_MIN: return max_nan(e, a[0], a[1], true);
   case OP_MAX: return max_nan(e, a[0], a[1], false);
   case OP_POW: return call_intrinsic(e, "llvm.pow", &vt, 1, a, 2);
   case OP_NEG: return LLVMBuildFNeg(b, a[0], "");
   case OP_ABS: return unary_intrinsic(e, "llvm.fabs", a[0]);
-  case OP_SQRT: if (getenv("OPTC_EXP_NODIV")) return LLVMBuildFMul(b, a[0], a[0], ""); return unary_intrinsic(e, "llvm.sqrt", a[0]);
+  case OP_SQRT: return unary_intrinsic(e, "llvm.sqrt", a[0]);
   case OP_RSQRT: return LLVMBuildFDiv(b, fconst(vt, 1.0), unary_intrinsic(e, "llvm.sqrt", a[0]), "");
   case OP_EXP: return unary_intrinsic(e, "llvm.exp", a[0]);
   case OP_LOG: return unary_intrinsic(e, "llvm.log", a[0]);
@@ -915,7 +915,7 @@ static bool stages(E *e) {
     if (x->op != OP_LOAD)
       n[late]++;
   }
-  if (!n[0] || !n[1] || getenv("OPTC_NOPIPE"))
+  if (!n[0] || !n[1])
     return false;
   /* what the second stage reads of the first: operands, and the bf16 a
    * rounding of a widening looks through (emit_round_bf16) */
