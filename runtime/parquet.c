@@ -490,6 +490,10 @@ static void read_row_group(ParquetFile *f, Thrift *t, RowGroup *g) {
   bool have_cols = false, have_rows = false;
   while (th_field(t, &last, &id, &type)) {
     if (id == 1 && th_expect(t, type, T_LIST, "RowGroup.columns")) {
+      if (have_cols) { /* a second list would replace (and leak) the first */
+        th_fail(t, "a row group lists its columns twice");
+        return;
+      }
       int elem;
       int64_t n = th_list(t, &elem);
       if (!th_expect(t, elem, T_STRUCT, "RowGroup.columns"))
@@ -522,16 +526,21 @@ static bool read_file_metadata(ParquetFile *f) {
   Thrift t = {f->data + f->footer_off, f->data + f->footer_off + f->footer_len, f->data, f->path, "footer",
               .pf = f};
   int last = 0, id, type;
-  bool have_schema = false, have_rows = false, have_groups = false;
+  bool have_schema = false, seen_schema = false, have_rows = false, have_groups = false;
   while (th_field(&t, &last, &id, &type)) {
     if (id == 2 && th_expect(&t, type, T_LIST, "FileMetaData.schema")) {
+      if (seen_schema) {
+        th_fail(&t, "the footer gives the schema twice");
+        break;
+      }
+      seen_schema = true;
       have_schema = read_schema(f, &t);
     } else if (id == 3) {
       f->num_rows = th_int_field(&t, type, "FileMetaData.num_rows");
       have_rows = true;
     } else if (id == 4 && th_expect(&t, type, T_LIST, "FileMetaData.row_groups")) {
-      if (!have_schema) {
-        th_fail(&t, "the row groups come before the schema");
+      if (!have_schema || have_groups) {
+        th_fail(&t, have_groups ? "the footer lists the row groups twice" : "the row groups come before the schema");
         break;
       }
       int elem;
