@@ -57,7 +57,8 @@ static const char usage[] =
     "  --layout L           fp32, bf16 or bf16-fp32states (default fp32; overrides the recipe)\n"
     "  --clip               clip_grad_norm 1.0 (adds the norm pass)\n"
     "  --threads N          threads for compiled, fused-reference and the ceiling (default: all cores)\n"
-    "  --cpu NAME           compile the compiled step for another CPU (e.g. haswell: AVX2 only)\n"
+    "  --cpu NAME           compile the compiled step for another CPU (e.g. haswell: AVX2 only);\n"
+    "                       without it the step runs through the public API (include/optc.h)\n"
     "  --reps N             timed steps per strategy (default 5), after 2 warm-up steps\n"
     "  --strategies LIST    comma-separated subset (default: all four)\n"
     "  --json FILE          also write the results as JSON\n"
@@ -592,6 +593,7 @@ int bench_optimizer(int argc, char **argv) {
   /* compile: cold (no cache), then cached */
   CompileTimes cold = {0}, warm = {0};
   CpuProgram *prog = NULL;
+  Executor api = {0}; /* the compiled step through include/optc.h */
   double compile_cold = 0, compile_cached = 0;
   if (run[S_COMPILED] && cpu_backend_available()) {
     CpuTarget nocache = {.cpu = cpu_name, .no_cache = true}, target = {.cpu = cpu_name};
@@ -600,10 +602,26 @@ int bench_optimizer(int argc, char **argv) {
     if (first && prog) {
       /* that one populated the cache; time a compile that hits it */
       cpu_program_free(prog);
+  executor_free(&api);
       warm = (CompileTimes){0};
       prog = cpu_compile(g, &target, &warm);
     }
     cpu_program_free(first);
+    /* The step runs as a library user's does, through the public API (the
+     * compile above hit the cache that the API's build hits too). --cpu
+     * compiles for another CPU, which only the compiler's own target takes. */
+    if (prog && !cpu_name) {
+      optc_step *s;
+      optc_error err;
+      if (optc_step_from_recipe(r->path, r->src.text, (const char *const *)r->overrides, r->noverrides,
+                                OPTC_TARGET_CPU, &s, &err) != OPTC_OK) {
+        fprintf(stderr, "%s\n", err.message);
+        cpu_program_free(prog);
+        prog = NULL;
+      } else {
+        executor_init_api(&api, s, g, threads);
+      }
+    }
     compile_cold = cold.build + cold.opt + cold.codegen + cold.link;
     compile_cached = warm.build + warm.opt + warm.codegen + warm.link;
   }
@@ -675,7 +693,10 @@ int bench_optimizer(int argc, char **argv) {
       case S_FUSED: fused_step(&fr, g, vals, step, clip); break;
       case S_COMPILED:
         pg.g = g;
-        cpu_step(prog, pool, g, &pg.layout, pg.bufs, &(StepArgs){vals, 1}, &sr);
+        if (api.api)
+          executor_step(&api, &pg, &(StepArgs){vals, 1}, &sr);
+        else
+          cpu_step(prog, pool, g, &pg.layout, pg.bufs, &(StepArgs){vals, 1}, &sr);
         break;
       default: unreachable();
       }
