@@ -602,7 +602,6 @@ int bench_optimizer(int argc, char **argv) {
     if (first && prog) {
       /* that one populated the cache; time a compile that hits it */
       cpu_program_free(prog);
-  executor_free(&api);
       warm = (CompileTimes){0};
       prog = cpu_compile(g, &target, &warm);
     }
@@ -834,6 +833,7 @@ int bench_optimizer(int argc, char **argv) {
   free(vals);
   free(vals_un);
   cpu_program_free(prog);
+  executor_free(&api);
   group_free(&pg);
   pool_free(pool);
   free(sizes);
