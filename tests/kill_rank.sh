@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A rank that dies mid-run ends the job: mpirun stops the other ranks,
-# optc exec exits non-zero naming the rank and the cause, and no output
-# (not even a partial one) is left behind.
+# optc exec exits non-zero with one line naming the rank and the cause (in
+# place of mpirun's banners), and no output (not even a partial one) is
+# left behind.
 #   kill_rank.sh OPTC PYTHON ROOT
 set -u
 optc=$1 python=$2 root=$3
@@ -31,6 +32,8 @@ fail=0
 [ "$took" -le 20 ] || { echo "FAIL: the job took ${took}s to end"; fail=1; }
 grep -qiE "signal 9|killed" "$work/log.txt" || { echo "FAIL: the message does not say how the rank died"; fail=1; }
 grep -qE "rank [0-9]" "$work/log.txt" || { echo "FAIL: the message does not name the rank"; fail=1; }
+[ "$(grep -c "killed by signal" "$work/log.txt")" -eq 1 ] || { echo "FAIL: not one line says how the rank died"; fail=1; }
+grep -qE "^-{20,}$|mpirun noticed" "$work/log.txt" && { echo "FAIL: mpirun's banner came through"; fail=1; }
 ls "$work" | grep -q "out.safetensors" && { echo "FAIL: an output file was left: $(ls "$work")"; fail=1; }
 [ "$(pgrep -f -- "$work/r.yaml.*--mpi-rank" | wc -l)" -eq 0 ] || { echo "FAIL: ranks are still running"; fail=1; }
 [ $fail = 0 ] && echo "ok: exit $rc after ${took}s, no output left"
