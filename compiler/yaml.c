@@ -211,13 +211,15 @@ bool yaml_double(const YamlNode *n, const char *what, double *out) {
   char *end;
   errno = 0;
   double v;
+  bool spelled_inf = true; /* YAML's .inf (and inf); each number's range decides whether it may be infinite */
   if (strcasecmp(s, ".inf") == 0 || strcasecmp(s, "+.inf") == 0 || strcasecmp(s, "inf") == 0)
     v = INFINITY, end = (char *)s + strlen(s);
   else if (strcasecmp(s, "-.inf") == 0 || strcasecmp(s, "-inf") == 0)
     v = -INFINITY, end = (char *)s + strlen(s);
   else
-    v = strtod(s, &end);
-  if (end == s || *end || strpbrk(s, "xXnN") || (errno == ERANGE && isinf(v))) {
+    v = strtod(s, &end), spelled_inf = false;
+  /* strtod's hex floats, nan and infinity spellings are not YAML numbers */
+  if (end == s || *end || (!spelled_inf && strpbrk(s, "xXnN")) || (errno == ERANGE && isinf(v))) {
     error_at(n->pos, "%s: expected a number, found '%s'", what, s);
     return false;
   }
