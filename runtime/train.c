@@ -167,15 +167,20 @@ static int save_checkpoint(Trainer *t) {
   const Graph *g = t->g;
   Fsdp *f = &t->f;
   /* every rank takes part in gathering the optimizer states; rank 0
-   * writes them, and the params, which every rank holds whole */
+   * writes them, and the params, which every rank holds whole. One rank
+   * holds them whole already: they are written from where they are (a
+   * gathered copy would add the states' size to the run's peak). */
   void **full = calloc((size_t)g->nbufs + 1, sizeof(void *));
   ASSERT(full);
+  bool alias = t->world == 1;
   int rc = 0;
   for (int b = 0; b < g->nbufs && rc == 0; b++) {
     if (!is_opt_buf(&g->bufs[b]))
       continue;
     Type ty = (Type)g->bufs[b].type;
-    if (!(full[b] = coll_mem_alloc(t->coll, (size_t)f->P * (size_t)type_size(ty))))
+    if (alias)
+      full[b] = f->bufs[b]; /* flat-indexed, lo = 0 */
+    else if (!(full[b] = coll_mem_alloc(t->coll, (size_t)f->P * (size_t)type_size(ty))))
       rc = -1;
     else
       rc = coll_all_gather(t->coll, f->mem[b], full[b], f->S, move_type(ty));
@@ -269,7 +274,7 @@ static int save_checkpoint(Trainer *t) {
   else
     fprintf(stderr, "optc: checkpoint %s\n", dir);
 out:
-  for (int b = 0; b < g->nbufs; b++)
+  for (int b = 0; b < g->nbufs && !alias; b++)
     coll_mem_free(t->coll, full[b]);
   free(full);
   free(views);
