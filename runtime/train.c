@@ -159,32 +159,53 @@ static int check_memory(Trainer *t, int batch, int seq) {
 static const char *hf_prefix(const Trainer *t) { return t->multimodal ? "language_model." : ""; }
 
 /* The collective type that moves t's bytes unchanged. */
-static CollType move_type(Type ty) { return type_size(ty) == 2 ? COLL_BF16 : type_size(ty) == 8 ? COLL_F64 : COLL_F32; }
 
 static bool is_opt_buf(const Buffer *b) { return b->kind != BUF_PARAM && b->kind != BUF_GRAD; }
 
 static int save_checkpoint(Trainer *t) {
   const Graph *g = t->g;
   Fsdp *f = &t->f;
-  /* every rank takes part in gathering the optimizer states; rank 0
-   * writes them, and the params, which every rank holds whole. One rank
-   * holds them whole already: they are written from where they are (a
-   * gathered copy would add the states' size to the run's peak). */
+  /* Rank 0 writes the params, which every rank holds whole, and the
+   * optimizer states, which it gathers: each rank's slice in turn, one
+   * broadcast from that rank, so that the other ranks need one slice of
+   * scratch rather than the whole states (the run's peak). One rank holds
+   * them whole already and writes them from where they are. */
   void **full = calloc((size_t)g->nbufs + 1, sizeof(void *));
   ASSERT(full);
   bool alias = t->world == 1;
   int rc = 0;
-  for (int b = 0; b < g->nbufs && rc == 0; b++) {
+  size_t most = 0;
+  for (int b = 0; b < g->nbufs; b++)
+    if (is_opt_buf(&g->bufs[b]))
+      most = MAX(most, (size_t)f->S * (size_t)type_size((Type)g->bufs[b].type));
+  void *scratch = alias || t->rank == 0 ? NULL : coll_mem_alloc(t->coll, most + 1);
+  int64_t short_of_memory = !alias && t->rank != 0 && !scratch;
+  for (int b = 0; b < g->nbufs; b++) {
+    if (is_opt_buf(&g->bufs[b]) && (alias || t->rank == 0)) {
+      full[b] = alias ? f->bufs[b] /* flat-indexed, lo = 0 */
+                      : coll_mem_alloc(t->coll, (size_t)f->P * (size_t)type_size((Type)g->bufs[b].type));
+      short_of_memory |= !full[b];
+    }
+  }
+  /* every rank goes on, or none does */
+  if (!alias && coll_all_reduce_max(t->coll, &short_of_memory, 1, COLL_I64) != 0)
+    rc = -1;
+  if (short_of_memory) {
+    error("out of memory gathering the optimizer states for the checkpoint");
+    rc = -1;
+  }
+  for (int b = 0; b < g->nbufs && rc == 0 && !alias; b++) {
     if (!is_opt_buf(&g->bufs[b]))
       continue;
-    Type ty = (Type)g->bufs[b].type;
-    if (alias)
-      full[b] = f->bufs[b]; /* flat-indexed, lo = 0 */
-    else if (!(full[b] = coll_mem_alloc(t->coll, (size_t)f->P * (size_t)type_size(ty))))
-      rc = -1;
-    else
-      rc = coll_all_gather(t->coll, f->mem[b], full[b], f->S, move_type(ty));
+    size_t slice = (size_t)f->S * (size_t)type_size((Type)g->bufs[b].type);
+    for (int r = 0; r < t->world && rc == 0; r++) {
+      void *buf = r == t->rank ? f->mem[b] : t->rank == 0 ? (char *)full[b] + (size_t)r * slice : scratch;
+      rc = coll_broadcast(t->coll, buf, (int64_t)slice, r);
+      if (rc == 0 && r == 0 && t->rank == 0)
+        memcpy(full[b], f->mem[b], slice);
+    }
   }
+  coll_mem_free(t->coll, scratch);
   char tmp[4200], dir[4200], path[4300];
   snprintf(tmp, sizeof tmp, "%s/.step_%ld.tmp.%ld", t->ckpt_dir, t->step, (long)getpid());
   snprintf(dir, sizeof dir, "%s/step_%ld", t->ckpt_dir, t->step);
