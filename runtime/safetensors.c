@@ -730,7 +730,7 @@ static json_t *tensor_entry(const char *path, const StView *v, int64_t offset, i
     /* a tensor passed through: the caller matched it to its source */
     ASSERT(v->src_index >= 0 && v->src_index < v->src->n);
     ASSERT(v->src->entries[v->src_index].nbytes == *nbytes);
-  } else if (!v->data && *nbytes > 0) {
+  } else if (!v->data && !v->fill && *nbytes > 0) {
     st_error(path, v->name, "has no data");
     return NULL;
   }
@@ -821,6 +821,10 @@ static int write_file(FILE *f, void *ctx) {
   int rc = 0;
   for (int i = 0; i < w->n && rc == 0; i++) {
     const StView *v = &w->v[i];
+    if (v->fill) {
+      rc = v->fill(v->fill_ctx, v, f);
+      continue;
+    }
     if (!v->src) {
       int64_t numel = 1;
       for (int d = 0; d < v->ndim; d++)

@@ -75,15 +75,20 @@ void st_close(StFile *f);
 /* ---- safetensors.c: writing tensors it does not own -------------------------- */
 /* One tensor to write: its bytes at data, or, when src is set, the bytes of
  * entry src_index of an open file (a tensor passed through unchanged, read
- * and written a few MB at a time; the caller has matched dtype and shape). */
-typedef struct {
+ * and written a few MB at a time; the caller has matched dtype and shape),
+ * or, when fill is set, what fill writes to f: exactly the tensor's bytes
+ * (tensors that arrive in pieces, such as the slices of other ranks), 0 or
+ * -1 when it could not. */
+typedef struct StView {
   const char *name;
   Type dtype;
   int ndim;
   int64_t shape[TENSOR_MAX_DIMS];
   const void *data;
   const StFile *src;
-  int src_index;
+  int src_index; /* with src: its entry; with fill: fill's own number for this tensor */
+  int (*fill)(void *ctx, const struct StView *v, FILE *f);
+  void *fill_ctx;
 } StView;
 
 /* Writes the n tensors in order, as st_write does (atomically; the same

@@ -162,50 +162,92 @@ static const char *hf_prefix(const Trainer *t) { return t->multimodal ? "languag
 
 static bool is_opt_buf(const Buffer *b) { return b->kind != BUF_PARAM && b->kind != BUF_GRAD; }
 
+/* The optimizer states of a checkpoint, gathered while rank 0 writes them.
+ * optimizer.safetensors holds each state's tensors in flat order, state
+ * after state, so the writer wants rank 0's slice of the first state, then
+ * rank 1's, ..., then the next state's: each slice one broadcast from its
+ * rank, into one slice of scratch. The other ranks run the same schedule
+ * of broadcasts (gather_finish), and so does rank 0 after the writer,
+ * whatever it managed, so no rank waits for one that stopped. Every rank
+ * holds one slice beyond its own, never all the states. */
+typedef struct {
+  Trainer *t;
+  int nbufs, bufs[16]; /* the optimizer's buffers, in file order */
+  int k, r;            /* the next broadcast: bufs[k] from rank r (k == nbufs: all done) */
+  int cur_k, cur_r;    /* the slice in hand, and its bytes */
+  const char *cur;
+  void *scratch;
+  bool failed;         /* a broadcast failed: no more */
+} Gather;
+
+static int gather_next(Gather *gs) {
+  Trainer *t = gs->t;
+  Fsdp *f = &t->f;
+  int b = gs->bufs[gs->k];
+  size_t slice = (size_t)f->S * (size_t)type_size((Type)t->g->bufs[b].type);
+  void *buf = gs->r == t->rank ? f->mem[b] : gs->scratch;
+  if (t->world > 1 && coll_broadcast(t->coll, buf, (int64_t)slice, gs->r) != 0) {
+    gs->failed = true;
+    return -1;
+  }
+  gs->cur_k = gs->k, gs->cur_r = gs->r, gs->cur = buf;
+  if (++gs->r == t->world)
+    gs->r = 0, gs->k++;
+  return 0;
+}
+
+static void gather_finish(Gather *gs) {
+  while (!gs->failed && gs->k < gs->nbufs)
+    gather_next(gs);
+}
+
+/* StView.fill for view number j (src_index): state bufs[j / ntensors] of tensor j % ntensors. */
+static int gather_fill(void *ctx, const StView *v, FILE *out) {
+  Gather *gs = ctx;
+  Trainer *t = gs->t;
+  Fsdp *f = &t->f;
+  int j = v->src_index, k = j / t->ntensors, i = j % t->ntensors;
+  size_t es = (size_t)type_size(v->dtype);
+  int64_t pos = f->full.offset[i], end = pos + t->tensors[i].numel;
+  while (pos < end) {
+    /* the slice that holds pos: the slices come in file order, so it is the one in hand or a later one */
+    while (!gs->cur || gs->cur_k < k || (gs->cur_k == k && (gs->cur_r + 1) * f->S <= pos))
+      if (gs->failed || gs->k >= gs->nbufs || gather_next(gs) != 0)
+        return -1;
+    int64_t lo = gs->cur_r * f->S, n = MIN(end, lo + f->S) - pos;
+    ASSERT(gs->cur_k == k && pos >= lo && n > 0);
+    if (fwrite(gs->cur + (size_t)(pos - lo) * es, es, (size_t)n, out) != (size_t)n)
+      return -1;
+    pos += n;
+  }
+  return 0;
+}
+
 static int save_checkpoint(Trainer *t) {
   const Graph *g = t->g;
   Fsdp *f = &t->f;
-  /* Rank 0 writes the params, which every rank holds whole, and the
-   * optimizer states, which it gathers: each rank's slice in turn, one
-   * broadcast from that rank, so that the other ranks need one slice of
-   * scratch rather than the whole states (the run's peak). One rank holds
-   * them whole already and writes them from where they are. */
-  void **full = calloc((size_t)g->nbufs + 1, sizeof(void *));
-  ASSERT(full);
-  bool alias = t->world == 1;
-  int rc = 0;
-  size_t most = 0;
+  Gather gs = {.t = t};
   for (int b = 0; b < g->nbufs; b++)
-    if (is_opt_buf(&g->bufs[b]))
-      most = MAX(most, (size_t)f->S * (size_t)type_size((Type)g->bufs[b].type));
-  void *scratch = alias || t->rank == 0 ? NULL : coll_mem_alloc(t->coll, most + 1);
-  int64_t short_of_memory = !alias && t->rank != 0 && !scratch;
-  for (int b = 0; b < g->nbufs; b++) {
-    if (is_opt_buf(&g->bufs[b]) && (alias || t->rank == 0)) {
-      full[b] = alias ? f->bufs[b] /* flat-indexed, lo = 0 */
-                      : coll_mem_alloc(t->coll, (size_t)f->P * (size_t)type_size((Type)g->bufs[b].type));
-      short_of_memory |= !full[b];
+    if (is_opt_buf(&g->bufs[b])) {
+      ASSERT(gs.nbufs < (int)ARRAY_LEN(gs.bufs));
+      gs.bufs[gs.nbufs++] = b;
     }
+  size_t most = 0;
+  for (int k = 0; k < gs.nbufs; k++)
+    most = MAX(most, (size_t)f->S * (size_t)type_size((Type)g->bufs[gs.bufs[k]].type));
+  int64_t short_of_memory = 0;
+  if (t->world > 1) { /* every rank goes on, or none does */
+    gs.scratch = coll_mem_alloc(t->coll, most + 1);
+    short_of_memory = gs.scratch == NULL;
+    if (coll_all_reduce_max(t->coll, &short_of_memory, 1, COLL_I64) != 0)
+      gs.failed = true;
   }
-  /* every rank goes on, or none does */
-  if (!alias && coll_all_reduce_max(t->coll, &short_of_memory, 1, COLL_I64) != 0)
-    rc = -1;
-  if (short_of_memory) {
-    error("out of memory gathering the optimizer states for the checkpoint");
-    rc = -1;
+  int rc = 0;
+  if (short_of_memory || gs.failed) {
+    error("%s gathering the optimizer states for the checkpoint", gs.failed ? "a collective failed" : "out of memory");
+    coll_mem_free(t->coll, gs.scratch);
+    return -1;
   }
-  for (int b = 0; b < g->nbufs && rc == 0 && !alias; b++) {
-    if (!is_opt_buf(&g->bufs[b]))
-      continue;
-    size_t slice = (size_t)f->S * (size_t)type_size((Type)g->bufs[b].type);
-    for (int r = 0; r < t->world && rc == 0; r++) {
-      void *buf = r == t->rank ? f->mem[b] : t->rank == 0 ? (char *)full[b] + (size_t)r * slice : scratch;
-      rc = coll_broadcast(t->coll, buf, (int64_t)slice, r);
-      if (rc == 0 && r == 0 && t->rank == 0)
-        memcpy(full[b], f->mem[b], slice);
-    }
-  }
-  coll_mem_free(t->coll, scratch);
   char tmp[4200], dir[4200], path[4300];
   snprintf(tmp, sizeof tmp, "%s/.step_%ld.tmp.%ld", t->ckpt_dir, t->step, (long)getpid());
   snprintf(dir, sizeof dir, "%s/step_%ld", t->ckpt_dir, t->step);
@@ -248,19 +290,18 @@ static int save_checkpoint(Trainer *t) {
   /* the optimizer */
   int n = 0;
   float stepf = (float)f->step;
-  for (int i = 0; i < t->ntensors && rc == 0; i++) {
-    const L4Tensor *lt = &t->tensors[i];
-    for (int b = 0; b < g->nbufs; b++) {
-      if (!is_opt_buf(&g->bufs[b]))
-        continue;
-      Type ty = (Type)g->bufs[b].type;
+  for (int k = 0; k < gs.nbufs; k++) /* state-major: the order the slices come in */
+    for (int i = 0; i < t->ntensors; i++) {
+      const L4Tensor *lt = &t->tensors[i];
+      int b = gs.bufs[k];
       snprintf(names[n], sizeof names[n], "%s.%s", lt->name, g->bufs[b].name);
-      views[n] = (StView){.name = names[n], .dtype = ty, .ndim = lt->ndim,
-                          .data = (char *)full[b] + (size_t)f->full.offset[i] * (size_t)type_size(ty)};
+      views[n] = (StView){.name = names[n], .dtype = (Type)g->bufs[b].type, .ndim = lt->ndim,
+                          .src_index = k * t->ntensors + i, .fill = gather_fill, .fill_ctx = &gs};
       memcpy(views[n].shape, lt->shape, sizeof(int64_t) * (size_t)lt->ndim);
       n++;
     }
-    snprintf(names[n], sizeof names[n], "%s.step", lt->name);
+  for (int i = 0; i < t->ntensors; i++) {
+    snprintf(names[n], sizeof names[n], "%s.step", t->tensors[i].name);
     views[n] = (StView){.name = names[n], .dtype = TY_F32, .ndim = 0, .data = &stepf};
     n++;
   }
@@ -295,9 +336,10 @@ static int save_checkpoint(Trainer *t) {
   else
     fprintf(stderr, "optc: checkpoint %s\n", dir);
 out:
-  for (int b = 0; b < g->nbufs && !alias; b++)
-    coll_mem_free(t->coll, full[b]);
-  free(full);
+  gather_finish(&gs); /* the broadcasts rank 0's writer did not ask for (all of them, elsewhere) */
+  if (gs.failed)
+    rc = -1;
+  coll_mem_free(t->coll, gs.scratch);
   free(views);
   free(names);
   return rc;
