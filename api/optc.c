@@ -24,6 +24,7 @@ struct optc_step {
   CudaExec *cx;      /* for `layout`, made on the first CUDA run */
   ThreadPool *pool;  /* the CPU's, for pool_threads threads */
   int pool_threads;
+  ThreadPool *shared; /* the caller's (optc_step_set_pool), used instead; not freed here */
   int param_buf, grad_buf;
   int nstates;
   int *state_buf;    /* (nstates) graph buffer of each state */
@@ -373,6 +374,28 @@ int optc_step_bytes_per_element(const optc_step *s) { return s ? s->g->plan->byt
 const char *optc_step_ir(const optc_step *s) { return s ? s->ir : ""; }
 const char *optc_step_plan(const optc_step *s) { return s ? s->plan : ""; }
 
+/* ---- threads ---------------------------------------------------------------------------------- */
+
+optc_pool *optc_pool_new(int threads) { return threads > 1024 ? NULL : (optc_pool *)pool_create(threads); }
+int optc_pool_threads(const optc_pool *p) { return p ? pool_size((const ThreadPool *)p) : 0; }
+void optc_pool_free(optc_pool *p) { pool_free((ThreadPool *)p); }
+
+optc_status optc_step_set_pool(optc_step *s, optc_pool *p, optc_error *err) {
+  Capture c;
+  capture_begin(&c);
+  if (!s)
+    return fail(&c, err, OPTC_ERR_INVALID, "optc_step_set_pool: step is NULL");
+  if (p && s->target != OPTC_TARGET_CPU)
+    return fail(&c, err, OPTC_ERR_INVALID, "optc_step_set_pool: a pool runs CPU steps; this one is CUDA's");
+  s->shared = (ThreadPool *)p;
+  if (p) { /* its own threads are not needed while it has the caller's */
+    pool_free(s->pool);
+    s->pool = NULL;
+    s->pool_threads = 0;
+  }
+  return capture_end(&c, err);
+}
+
 /* ---- running ----------------------------------------------------------------------------------- */
 
 static bool in_range(const Range *rg, double v) {
@@ -578,12 +601,12 @@ static optc_status run(optc_step *s, const optc_buffers *b, const optc_shard *sh
   int rc;
   if (s->target == OPTC_TARGET_CPU) {
     int want = threads > 0 ? threads : pool_default_threads();
-    if (!s->pool || s->pool_threads != want) {
+    if (!s->shared && (!s->pool || s->pool_threads != want)) {
       pool_free(s->pool);
       s->pool = pool_create(want);
       s->pool_threads = want;
     }
-    rc = cpu_step_t(s->cpu, s->pool, g, &s->layout, s->table, &args, &sr);
+    rc = cpu_step_t(s->cpu, s->shared ? s->shared : s->pool, g, &s->layout, s->table, &args, &sr);
   } else {
     if (!s->cx) {
       char why[512];

@@ -618,7 +618,7 @@ int bench_optimizer(int argc, char **argv) {
         cpu_program_free(prog);
         prog = NULL;
       } else {
-        executor_init_api(&api, s, g, threads);
+        executor_init_api(&api, s, g, threads, pool);
       }
     }
     compile_cold = cold.build + cold.opt + cold.codegen + cold.link;

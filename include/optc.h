@@ -186,6 +186,24 @@ typedef struct {
 optc_status optc_step_run(optc_step *s, const optc_buffers *b, const optc_scalar *scalars, int nscalars,
                           int threads, optc_result *res, optc_error *err);
 
+/* ---- threads --------------------------------------------------------------------- */
+/* A step runs on a pool of threads. By default each step object makes its
+ * own, of optc_step_run's `threads`. A caller with loops of its own (a
+ * training loop's model) makes one pool and gives it to every step, so that
+ * the process has one set of threads; idle ones wait on a condition
+ * variable, never spin. A pool runs one thing at a time: give it to steps
+ * that run one after another, not at once. */
+typedef struct optc_pool optc_pool;
+/* threads < 1: one per core this process may use; more than 1024: NULL.
+ * Fewer when not all could be started (optc_pool_threads says). */
+optc_pool *optc_pool_new(int threads);
+int optc_pool_threads(const optc_pool *p);
+/* Once no step uses it any more (each freed, or given another pool). */
+void optc_pool_free(optc_pool *p);
+/* Runs s's steps on p from now on (NULL: on its own pool again), and
+ * optc_step_run's `threads` is then not read. CPU target only. */
+optc_status optc_step_set_pool(optc_step *s, optc_pool *p, optc_error *err);
+
 /* ---- a group sharded over ranks (FSDP) ------------------------------------------ */
 /* Under FSDP each of N ranks owns a slice of a group's elements and steps
  * only that slice. optc lays a group's tensors one after another in "flat"

@@ -398,12 +398,14 @@ int executor_init(Executor *x, Backend b, const Graph *optimized, const Graph *u
   }
 }
 
-void executor_init_api(Executor *x, optc_step *api, const Graph *g, int threads) {
+void executor_init_api(Executor *x, optc_step *api, const Graph *g, int threads, ThreadPool *pool) {
   memset(x, 0, sizeof *x);
   x->backend = BACKEND_CPU;
   x->g = g;
   x->api = api;
   x->api_threads = threads;
+  if (pool)
+    optc_step_set_pool(api, (optc_pool *)pool, NULL);
 }
 
 int executor_api_step(Executor *x, const GroupLayout *full, void *const *flat, const double *inputs,

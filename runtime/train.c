@@ -699,7 +699,7 @@ static int setup(Trainer *t) {
       fprintf(stderr, "%s\n", err.message);
       return -1;
     }
-    executor_init_api(&t->ex, api, t->g, threads);
+    executor_init_api(&t->ex, api, t->g, threads, t->pool); /* one pool: the model's and the step's */
   } else if (executor_init(&t->ex, BACKEND_EAGER, t->g, t->unopt, threads, NULL) != 0) {
     return -1;
   }

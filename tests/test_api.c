@@ -6,6 +6,7 @@
  * - the numbers: SGD and AdamW computed here in plain C as torch computes
  *   them (fp32, IEEE sqrt: torch_cpu avx2), bit for bit, over 3 steps;
  * - a schedule: lr changes between runs, same step object;
+ * - threads: a step on its own pool and on one the caller gives it;
  * - clipping: NORM against GIVEN with the norm NORM reported, and
  *   optc.grad_norm's sum of squares;
  * - nonfinite grads: PROPAGATE, SKIP, ERROR;
@@ -179,8 +180,13 @@ static void test_adamw(void) {
     v[i] = calloc((size_t)numel[i], sizeof(float));
     memcpy(p[i], t.param[i], sizeof(float) * (size_t)numel[i]);
   }
+  /* step 1 on the step's own 2 threads, step 2 on a caller's pool of 3, step 3 on its own again */
+  optc_pool *pool = optc_pool_new(3);
+  CHECK(pool && optc_pool_threads(pool) == 3, "a pool of 3 threads");
   for (int step = 1; step <= 3; step++) {
     optc_scalar sc[] = {{"step", step}};
+    if (step >= 2)
+      CHECK(optc_step_set_pool(s, step == 2 ? pool : NULL, &err) == OPTC_OK, "set_pool: %s", err.message);
     CHECK(optc_step_run(s, &t.b, sc, 1, 2, NULL, &err) == OPTC_OK, "AdamW step %d: %s", step, err.message);
     double bc1 = 1 - pow(b1, step), bc2 = 1 - pow(b2, step), ss = lr / bc1, bc2s = pow(bc2, 0.5);
     for (int i = 0; i < NT; i++)
@@ -196,7 +202,10 @@ static void test_adamw(void) {
                 bits_equal(v[i][j], t.state[1][i][j]);
       }
   }
-  CHECK(same, "AdamW: torch's bits over 3 steps");
+  CHECK(same, "AdamW: torch's bits over 3 steps, on its own threads and on the caller's pool");
+  optc_pool_free(pool);
+  CHECK(optc_pool_new(5000) == NULL, "a pool of 5000 threads is refused");
+  CHECK(optc_step_set_pool(NULL, NULL, &err) == OPTC_ERR_INVALID, "set_pool without a step: %s", err.message);
   CHECK(all_guards(&t, 2), "AdamW: nothing past any tensor's end was touched");
   for (int i = 0; i < NT; i++)
     free(p[i]), free(m[i]), free(v[i]);

@@ -550,7 +550,7 @@ static int cmd_exec(int argc, char **argv) {
       fprintf(stderr, "%s\n", err.message);
       goto done;
     }
-    executor_init_api(&ex, api, g, threads);
+    executor_init_api(&ex, api, g, threads, NULL);
   } else if (executor_init(&ex, backend, g, unopt, threads, NULL) != 0) {
     goto done;
   }
