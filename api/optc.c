@@ -494,6 +494,34 @@ static void use_layout(optc_step *s, int n, const int64_t *numel, const optc_sha
 static optc_status run(optc_step *s, const optc_buffers *b, const optc_shard *sh, const optc_scalar *scalars,
                        int nscalars, int threads, optc_result *res, optc_error *err);
 
+/* The reducer's collectives, on the caller's: where this slice's chunks sit among the group's. */
+typedef struct {
+  const optc_shard *sh;
+  int64_t first, nglobal;
+} ShardGather;
+
+static int64_t chunk_index(const GroupLayout *full, int64_t flat) {
+  int64_t lo = 0, hi = full->nchunks; /* the first chunk at or after flat */
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (full->chunks[mid].flat < flat)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+static int shard_gather(void *ctx, const double *local, int64_t nlocal, int width, double *global) {
+  const ShardGather *g = ctx;
+  return g->sh->gather(g->sh->ctx, local, g->first, nlocal, g->nglobal, width, global);
+}
+
+static int shard_all(void *ctx, int local) {
+  const ShardGather *g = ctx;
+  return g->sh->all(g->sh->ctx, local);
+}
+
 optc_status optc_step_run(optc_step *s, const optc_buffers *b, const optc_scalar *scalars, int nscalars, int threads,
                           optc_result *res, optc_error *err) {
   return run(s, b, NULL, scalars, nscalars, threads, res, err);
@@ -593,8 +621,11 @@ static optc_status run(optc_step *s, const optc_buffers *b, const optc_shard *sh
   StepArgs args = {.inputs = s->vals, .grads_finite = nf == NONFINITE_PROPAGATE ? 1 : -1,
                    .propagate = nf == NONFINITE_PROPAGATE};
   Reducer reducer;
+  ShardGather sg;
   if (sh) {
-    reducer = (Reducer){&s->full, sh->gather, sh->all, sh->ctx};
+    sg = (ShardGather){sh, s->layout.nchunks > 0 ? chunk_index(&s->full, s->layout.chunks[0].flat) : 0,
+                       s->full.nchunks};
+    reducer = (Reducer){&s->full, shard_gather, shard_all, &sg};
     args.reducer = &reducer;
   }
   StepResult sr;

@@ -216,19 +216,23 @@ optc_status optc_step_set_pool(optc_step *s, optc_pool *p, optc_error *err);
 int64_t optc_flat_layout(int ntensors, const int64_t *numel, int64_t *offset);
 
 /* This rank's slice and the two collectives a sharded step needs. optc cuts
- * the slice into chunks (a chunk: the part of one tensor inside one
- * OPTC_REDUCE_BLOCK block) and keeps one f64 partial sum per chunk:
+ * the group into chunks (a chunk: the part of one tensor inside one
+ * OPTC_REDUCE_BLOCK block), nglobal of them in flat order, and keeps one
+ * f64 partial sum per chunk (width values each):
  * - gather: every rank's partials to every rank. local holds this rank's
- *   nlocal chunks x width values; global receives every rank's, the ranks'
- *   slices in ascending order (the group's chunks in flat order). The
- *   step folds them in that order, so its norm has the same bits for any
+ *   chunks, nlocal x width values, which are the group's chunks
+ *   [first, first + nlocal); global (nglobal x width) receives every
+ *   rank's at their places (an all-gather in rank order, or an all-reduce
+ *   sum of a zeroed global with local put at first, give the same). The
+ *   step folds them in chunk order, so its norm has the same bits for any
  *   number of ranks.
  * - all: 1 when every rank's local is 1 (the grads are finite everywhere);
  *   every rank then skips a step together.
  * Each returns 0 (gather) or the answer (all), or -1 on a failed collective. */
 typedef struct {
   int64_t lo, hi;
-  int (*gather)(void *ctx, const double *local, int64_t nlocal, int width, double *global);
+  int (*gather)(void *ctx, const double *local, int64_t first, int64_t nlocal, int64_t nglobal, int width,
+                double *global);
   int (*all)(void *ctx, int local);
   void *ctx;
 } optc_shard;

@@ -60,6 +60,14 @@ static int gather_partials(void *ctx, const double *local, int64_t nlocal, int w
   return rc;
 }
 
+/* The same, as include/optc.h's optc_shard.gather (first and nglobal are this layout's own). */
+static int api_gather(void *ctx, const double *local, int64_t first, int64_t nlocal, int64_t nglobal, int width,
+                      double *global) {
+  Fsdp *f = ctx;
+  ASSERT(first == f->rank_c0[f->rank] && nglobal == f->full.nchunks);
+  return gather_partials(ctx, local, nlocal, width, global);
+}
+
 static int all_ranks(void *ctx, int local) {
   Fsdp *f = ctx;
   int64_t bad = local ? 0 : 1;
@@ -227,7 +235,7 @@ int fsdp_step(Fsdp *f, Executor *x, const double *inputs, StepResult *res) {
     has_step_reduction |= g->ins[i].op == OP_REDUCE && g->ins[i].to == SCOPE_STEP;
   StepArgs args = {inputs, has_step_reduction ? 1 : -1, &f->reducer};
   int rc;
-  optc_shard shard = {f->lo, f->hi, gather_partials, all_ranks, f};
+  optc_shard shard = {f->lo, f->hi, api_gather, all_ranks, f};
   switch (x->api ? NUM_BACKENDS : x->backend) {
   case NUM_BACKENDS: rc = executor_api_step(x, &f->full, f->bufs, inputs, &shard, res); break;
   case BACKEND_INTERP: rc = interp_step(g, &f->shard, f->bufs, &args, res); break;

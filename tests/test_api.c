@@ -350,7 +350,7 @@ typedef struct {
   int world;
   pthread_barrier_t bar;
   const double *part[MAXRANKS]; /* each rank's partials, while a gather runs */
-  int64_t npart[MAXRANKS];
+  int64_t npart[MAXRANKS], first[MAXRANKS];
   int flag[MAXRANKS];
 } World;
 
@@ -364,23 +364,42 @@ typedef struct {
   int nsc;
   optc_status st;
   optc_result res;
+  int tiled; /* the chunks' places (first, nglobal) tiled the group */
   char msg[sizeof(optc_error)];
 } Rank;
 
-static int rank_gather(void *ctx, const double *local, int64_t nlocal, int width, double *global) {
+/* An all-gather in rank order; it checks that the ranks' chunks tile the group's. */
+static int rank_gather(void *ctx, const double *local, int64_t first, int64_t nlocal, int64_t nglobal, int width,
+                       double *global) {
   Rank *r = ctx;
   World *w = r->w;
   w->part[r->rank] = local;
   w->npart[r->rank] = nlocal * width;
+  w->first[r->rank] = first;
   pthread_barrier_wait(&w->bar);
   int64_t at = 0;
   for (int k = 0; k < w->world; k++) {
+    if (w->first[k] * width != at)
+      r->tiled = 0;
     memcpy(global + at, w->part[k], sizeof(double) * (size_t)w->npart[k]);
     at += w->npart[k];
   }
+  if (at != nglobal * width)
+    r->tiled = 0;
   pthread_barrier_wait(&w->bar); /* every rank has read every slot */
   return 0;
 }
+
+/* One rank's own: a zeroed global with its chunks at first (the all-reduce form). */
+static int solo_gather(void *ctx, const double *local, int64_t first, int64_t nlocal, int64_t nglobal, int width,
+                       double *global) {
+  (void)ctx;
+  memset(global, 0, sizeof(double) * (size_t)(nglobal * width));
+  memcpy(global + first * width, local, sizeof(double) * (size_t)(nlocal * width));
+  return 0;
+}
+
+static int solo_all(void *ctx, int local) { return (void)ctx, local; }
 
 static int rank_all(void *ctx, int local) {
   Rank *r = ctx;
@@ -462,7 +481,7 @@ static void shard_run(Flat *f, int world, const char *nonfinite, optc_result *la
     pthread_t th[MAXRANKS];
     for (int r = 0; r < n; r++) {
       int64_t lo = S * r, hi = lo + S < f->total ? lo + S : f->total;
-      rk[r] = (Rank){.w = &w, .rank = r, .s = s[r], .b = b, .sc = sc, .nsc = 4};
+      rk[r] = (Rank){.w = &w, .rank = r, .s = s[r], .b = b, .sc = sc, .nsc = 4, .tiled = 1};
       rk[r].sh = (optc_shard){lo, hi > lo ? hi : lo, rank_gather, rank_all, &rk[r]};
       pthread_create(&th[r], NULL, rank_main, &rk[r]);
     }
@@ -470,6 +489,7 @@ static void shard_run(Flat *f, int world, const char *nonfinite, optc_result *la
       pthread_join(th[r], NULL);
     for (int r = 0; r < n; r++) {
       CHECK(rk[r].st == OPTC_OK, "rank %d of %d: %s", r, n, rk[r].msg);
+      CHECK(rk[r].tiled, "rank %d of %d: the ranks' (first, nlocal) tile the group's nglobal chunks", r, n);
       CHECK(memcmp(&rk[r].res.grad_norm, &rk[0].res.grad_norm, sizeof(double)) == 0 &&
                 rk[r].res.skipped == rk[0].res.skipped,
             "rank %d of %d agrees with rank 0 on the norm and the skip", r, n);
@@ -505,6 +525,30 @@ static void test_shard(void) {
   CHECK(rn.skipped && flat_equal(&before, &after), "3 ranks skip a NaN grad together, nothing written");
   flat_free(&before);
   flat_free(&after);
+  /* one slice on its own, with the all-reduce form of gather: only its elements change */
+  Flat whole, part;
+  flat_init(&whole, 3, -1);
+  flat_init(&part, 3, -1);
+  {
+    optc_spec sp = optc_spec_default("sgd");
+    optc_step *s1 = NULL;
+    optc_error e1;
+    CHECK(optc_step_new(&sp, &s1, &e1) == OPTC_OK, "sgd: %s", e1.message);
+    optc_buffers bw = {.ntensors = SNT, .numel = snumel, .param = part.ptr[0], .grad = part.ptr[1]};
+    optc_shard slice = {2 * OPTC_REDUCE_BLOCK, 4 * OPTC_REDUCE_BLOCK, solo_gather, solo_all, NULL};
+    optc_scalar sc1[] = {{"lr", 0.5}};
+    CHECK(s1 && optc_step_run_shard(s1, &bw, &slice, sc1, 1, 1, NULL, &e1) == OPTC_OK, "a slice alone: %s", e1.message);
+    int64_t changed_out = 0, changed_in = 0;
+    for (int64_t i = 0; i < whole.total; i++) {
+      int in = i >= slice.lo && i < slice.hi, diff = whole.flat[0][i] != part.flat[0][i];
+      changed_in += in && diff, changed_out += !in && diff;
+    }
+    CHECK(changed_out == 0 && changed_in > 4000, "only the slice's params change (%lld inside, %lld outside)",
+          (long long)changed_in, (long long)changed_out);
+    optc_step_free(s1);
+  }
+  flat_free(&whole);
+  flat_free(&part);
   /* bad slices */
   optc_spec spec = optc_spec_default("sgd");
   optc_step *s = NULL;

@@ -10,7 +10,9 @@
  *              then NUL-separated overrides (at most 4), then nothing more:
  *              the run's choices come from a hash of the text.
  * A step that builds is queried (in and out of range) and run twice on 0-3
- * small tensors in the caller's memory with random scalars. The buffers end
+ * small tensors in the caller's memory with random scalars, the second run
+ * sometimes on one rank's slice (optc_step_run_shard, the other ranks'
+ * partials zero), which must leave the tensors outside the slice as they were. The buffers end
  * at a guard page (64-byte aligned, as torch's are), so the compiled code,
  * which no sanitizer sees, faults if it writes past a tensor's end.
  * Properties, from optc.h's conventions: bad input returns an error code,
@@ -112,6 +114,19 @@ static int dtype_size(optc_dtype d) { return d == OPTC_F32 ? 4 : 2; }
 /* ---- running a step ------------------------------------------------------------ */
 enum { MAX_TENSORS = 3, MAX_STATES = 8 };
 
+/* One rank alone: the other ranks' partials are zeros (an all-reduce of a zeroed global). */
+static int solo_gather(void *ctx, const double *local, int64_t first, int64_t nlocal, int64_t nglobal, int width,
+                       double *global) {
+  (void)ctx;
+  FUZZ_CHECK(first >= 0 && nlocal >= 0 && first + nlocal <= nglobal, "chunks [%lld, +%lld) of %lld",
+             (long long)first, (long long)nlocal, (long long)nglobal);
+  memset(global, 0, sizeof(double) * (size_t)(nglobal * width));
+  memcpy(global + first * width, local, sizeof(double) * (size_t)(nlocal * width));
+  return 0;
+}
+
+static int solo_all(void *ctx, int local) { return (void)ctx, local; }
+
 static void run_step(optc_step *s, FuzzIn *in) {
   /* the queries, in range and out of it */
   int nstates = optc_step_num_states(s);
@@ -189,8 +204,34 @@ static void run_step(optc_step *s, FuzzIn *in) {
         }
     optc_result res;
     optc_error err;
-    optc_status st = optc_step_run(s, &bufs, sc, nsc, fuzz_u8(in) % 3, &res, &err);
+    /* the second run, sometimes: one rank's slice of the group (optc_step_run_shard), the
+     * other ranks' chunks zero; a slice off the block grid or past the end is refused */
+    uint8_t how = fuzz_u8(in);
+    int64_t offset[4] = {0}, flat_total = optc_flat_layout(n, numel, offset);
+    optc_shard slice = {(how & 2) ? OPTC_REDUCE_BLOCK * (int64_t)(how >> 6) : 0, 0, solo_gather, solo_all, NULL};
+    slice.hi = slice.lo + (int64_t)fuzz_u8(in) * 8;
+    bool sharded = rep == 1 && (how & 1);
+    optc_status st = sharded ? optc_step_run_shard(s, &bufs, &slice, sc, nsc, fuzz_u8(in) % 3, &res, &err)
+                             : optc_step_run(s, &bufs, sc, nsc, fuzz_u8(in) % 3, &res, &err);
     check_err(st, &err);
+    FUZZ_CHECK(!sharded || st != OPTC_OK || (slice.lo % OPTC_REDUCE_BLOCK == 0 && slice.hi <= flat_total),
+               "a slice [%lld, %lld) of %lld elements ran", (long long)slice.lo, (long long)slice.hi,
+               (long long)flat_total);
+    /* a sharded run writes nothing of the elements outside its slice */
+    if (sharded && st == OPTC_OK && !res.skipped) {
+      q = before;
+      for (int t = 0; t < n; t++)
+        for (int j = 0; j < 2 + nstates; j++)
+          if (mem[t][j].map) {
+            int64_t lo = MAX(slice.lo, offset[t]) - offset[t], hi = MIN(slice.hi, offset[t] + numel[t]) - offset[t];
+            size_t nb = mem[t][j].maplen - (size_t)sysconf(_SC_PAGESIZE);
+            if (hi <= lo) /* untouched tensor: every byte as it was */
+              FUZZ_CHECK(memcmp(q, mem[t][j].map, nb) == 0,
+                         "a slice [%lld, %lld) run changed tensor %d (flat %lld..%lld), buffer %d", (long long)slice.lo,
+                         (long long)slice.hi, t, (long long)offset[t], (long long)(offset[t] + numel[t]), j);
+            q += mem[t][j].maplen;
+          }
+    }
     /* a failed run changes nothing; a skipped one (non-finite grads) no param or state */
     if (st != OPTC_OK || res.skipped) {
       q = before;
