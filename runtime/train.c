@@ -158,8 +158,6 @@ static int check_memory(Trainer *t, int batch, int seq) {
  * language_model. in a Llama4ForConditionalGeneration checkpoint. */
 static const char *hf_prefix(const Trainer *t) { return t->multimodal ? "language_model." : ""; }
 
-/* The collective type that moves t's bytes unchanged. */
-
 static bool is_opt_buf(const Buffer *b) { return b->kind != BUF_PARAM && b->kind != BUF_GRAD; }
 
 /* The optimizer states of a checkpoint, gathered while rank 0 writes them.
