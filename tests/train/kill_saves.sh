@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checkpoints survive kill -9 at any moment of a save, on the tiny Scout
 # config saving every step (save_every_n_steps=1):
-#   1. kill -9 after a random delay (seeded), at least 50 times, each run
+#   1. kill -9 after a random delay (seeded), at least 50 times (and until
+#      one kill has landed mid-save, at most 200), each run
 #      resuming where the killed one left off: after every kill `latest`
 #      names a complete checkpoint (every file there, each safetensors file
 #      whole, recipe_state.json's step its N), no step_N is incomplete, and
@@ -123,7 +124,9 @@ echo "== 1. $KILLS kills at random moments (delays in [0, $((ms * 4 / 5))] ms, s
 RANDOM=17
 chain=0 kills=0 midsave=0 done_runs=0
 d=$work/c$chain
-while [ $kills -lt "$KILLS" ]; do
+# At least KILLS kills, and on until one has landed mid-save (a save is a
+# few percent of a run, and shorter with the machine quiet), at most 4x.
+while [ $kills -lt "$KILLS" ] || { [ $midsave -eq 0 ] && [ $kills -lt $((KILLS * 4)) ]; }; do
   res=
   [ -f "$d/latest" ] && res=resume_from_checkpoint=true
   # exec: $! is optc itself, not a subshell that would die leaving it running
