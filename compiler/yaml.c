@@ -418,6 +418,8 @@ static void print_text(Buf *b, const char *s, bool plain_ok) {
   size_t len = strlen(s);
   bool plain = plain_ok && len && !strpbrk(s, "{}[],'\"\n\t") && !strstr(s, ": ") && !strstr(s, " #") &&
                !strchr("&*!|>%@`#?: ", s[0]) && !(s[0] == '-' && (s[1] == 0 || s[1] == ' ')) &&
+               /* "--- x" or "... x" at the start of a line is a document marker */
+               !((!strncmp(s, "---", 3) || !strncmp(s, "...", 3)) && (s[3] == 0 || s[3] == ' ')) &&
                s[len - 1] != ':' && s[len - 1] != ' ';
   if (plain) {
     buf_puts(b, s);
