@@ -131,6 +131,16 @@ static bool is_key(const char *s) {
   return true;
 }
 
+/* The last run's layouts, freed. */
+static void drop_layout(optc_step *s) {
+  if (s->have_layout) {
+    layout_free(&s->layout);
+    if (s->sharded)
+      layout_free(&s->full);
+  }
+  s->have_layout = s->sharded = false;
+}
+
 static void step_free(optc_step *s) {
   if (!s)
     return;
@@ -141,11 +151,7 @@ static void step_free(optc_step *s) {
   if (s->cpu)
     cpu_program_free(s->cpu);
   pool_free(s->pool);
-  if (s->have_layout) {
-    layout_free(&s->layout);
-    if (s->sharded)
-      layout_free(&s->full);
-  }
+  drop_layout(s);
   free(s->table);
   free(s->vals);
   arena_free(s->arena);
@@ -454,14 +460,7 @@ static bool same_numel(const GroupLayout *l, int n, const int64_t *numel) {
 }
 
 int64_t optc_flat_layout(int ntensors, const int64_t *numel, int64_t *offset) {
-  int64_t at = 0;
-  for (int t = 0; t < ntensors; t++) {
-    if (offset)
-      offset[t] = at;
-    int64_t n = numel ? MAX(numel[t], 0) : 0;
-    at = (at + n + OPTC_TENSOR_ALIGN - 1) / OPTC_TENSOR_ALIGN * OPTC_TENSOR_ALIGN;
-  }
-  return at;
+  return numel && ntensors > 0 ? layout_offsets(ntensors, numel, offset) : 0;
 }
 
 /* The run's layout: kept while the tensors keep their sizes (and a shard its slice). */
@@ -470,11 +469,7 @@ static void use_layout(optc_step *s, int n, const int64_t *numel, const optc_sha
               (!sh || (s->layout.lo == sh->lo && s->layout.hi == sh->hi));
   if (same)
     return;
-  if (s->have_layout) {
-    layout_free(&s->layout);
-    if (s->sharded)
-      layout_free(&s->full);
-  }
+  drop_layout(s);
   layout_init(&s->layout, n, numel);
   s->sharded = sh != NULL;
   if (sh) {

@@ -6,21 +6,26 @@
 
 static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
+int64_t layout_offsets(int n, const int64_t *numel, int64_t *offset) {
+  int64_t at = 0;
+  for (int t = 0; t < n; t++) {
+    at = align_up(at, OPTC_TENSOR_ALIGN);
+    if (offset)
+      offset[t] = at;
+    at += MAX(numel[t], 0);
+  }
+  /* padded, so that a whole vector at any tensor's end stays inside */
+  return align_up(at, OPTC_TENSOR_ALIGN);
+}
+
 void layout_init(GroupLayout *l, int n, const int64_t *numel) {
   memset(l, 0, sizeof *l);
   l->ntensors = n;
   l->numel = malloc(sizeof(int64_t) * (size_t)(n + 1));
   l->offset = malloc(sizeof(int64_t) * (size_t)(n + 1));
   ASSERT(l->numel && l->offset);
-  int64_t at = 0;
-  for (int t = 0; t < n; t++) {
-    at = align_up(at, OPTC_TENSOR_ALIGN);
-    l->numel[t] = numel[t];
-    l->offset[t] = at;
-    at += numel[t];
-  }
-  /* padded, so that a whole vector at any tensor's end stays inside */
-  l->total = align_up(at, OPTC_TENSOR_ALIGN);
+  memcpy(l->numel, numel, sizeof(int64_t) * (size_t)n);
+  l->total = layout_offsets(n, numel, l->offset);
   layout_restrict(l, 0, l->total);
 }
 

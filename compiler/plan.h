@@ -30,6 +30,10 @@ typedef struct {
   int64_t lo, hi;
 } GroupLayout;
 
+/* Where n tensors of numel elements start in the flat buffers (offset[t],
+ * when offset is not NULL), one after another from OPTC_TENSOR_ALIGN
+ * boundaries; returns the padded flat length. */
+int64_t layout_offsets(int n, const int64_t *numel, int64_t *offset);
 /* Lays out n tensors and cuts the chunks of the whole group. The caller
  * frees with layout_free. */
 void layout_init(GroupLayout *l, int n, const int64_t *numel);
