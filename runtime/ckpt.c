@@ -662,6 +662,48 @@ int ckpt_commit_dir(const char *tmp, const char *final) {
   return 0;
 }
 
+/* Whether process pid may still be writing an entry last modified at
+ * mtime. Not when there is no such process; not when it is a zombie (a rank
+ * killed under mpirun, orphaned where PID 1 does not reap: its files are
+ * closed, it will write nothing more); not when it started after the entry
+ * was last written (the pid was reused). Without /proc, kill -0 decides. */
+static bool pid_may_write(long pid, time_t mtime) {
+  if (pid <= 0 || pid == (long)getpid())
+    return pid > 0;
+  if (kill((pid_t)pid, 0) != 0 && errno == ESRCH)
+    return false;
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return errno != ENOENT;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  /* pid (comm) state ppid ... : comm may hold spaces and ')', so from the last ')' */
+  char *p = strrchr(buf, ')');
+  char state = 0;
+  unsigned long long start = 0;
+  if (!p || sscanf(p + 1, " %c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &state,
+                   &start) != 2)
+    return true;
+  if (state == 'Z' || state == 'X')
+    return false;
+  /* its start, in seconds since the epoch: boot time (btime) plus ticks */
+  FILE *sf = fopen("/proc/stat", "r");
+  long long btime = -1;
+  for (char line[256]; sf && fgets(line, sizeof line, sf);)
+    if (sscanf(line, "btime %lld", &btime) == 1)
+      break;
+  if (sf)
+    fclose(sf);
+  long hz = sysconf(_SC_CLK_TCK);
+  if (btime < 0 || hz <= 0)
+    return true;
+  long long started = btime + (long long)(start / (unsigned long long)hz);
+  return started <= (long long)mtime + 1; /* +1: btime and mtime are whole seconds */
+}
+
 int ckpt_clean_stale(const char *out_dir) {
   DIR *d = opendir(out_dir);
   if (!d)
@@ -674,12 +716,12 @@ int ckpt_clean_stale(const char *out_dir) {
     if ((sscanf(e->d_name, ".step_%ld.tmp.%ld%n", &step, &pid, &len) != 2 || len != (int)strlen(e->d_name)) &&
         (sscanf(e->d_name, "latest.tmp.%ld%n", &pid, &len) != 1 || len != (int)strlen(e->d_name)))
       continue;
-    /* a writer that died mid-save (kill -0 finds no such process) */
-    if (pid > 0 && pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
-      char p[4200];
-      snprintf(p, sizeof p, "%s/%s", out_dir, e->d_name);
+    /* a writer that died mid-save */
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", out_dir, e->d_name);
+    struct stat st;
+    if (pid > 0 && lstat(p, &st) == 0 && !pid_may_write(pid, st.st_mtime))
       rc |= ckpt_remove_tree(p);
-    }
   }
   closedir(d);
   return rc;

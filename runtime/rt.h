@@ -314,8 +314,9 @@ int ckpt_copy_files(const char *src, const char *dst);
 /* Renames the complete directory tmp to final; a final already there is
  * swapped out in one rename and removed. */
 int ckpt_commit_dir(const char *tmp, const char *final);
-/* Removes the .step_N.tmp.PID directories of writers no longer running
- * (killed mid-save). */
+/* Removes the .step_N.tmp.PID directories (and latest.tmp.PID files) of
+ * writers no longer running: killed mid-save, whether gone, a zombie nobody
+ * reaped, or a pid since reused by a process younger than the entry. */
 int ckpt_clean_stale(const char *out_dir);
 /* Removes all but the keep newest step_N directories of out_dir (and never
  * the one `latest` names), each renamed to a hidden .step_N.tmp.PID first, so

@@ -16,7 +16,10 @@
 #include <jansson.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../check.h"
@@ -614,6 +617,71 @@ static void test_streaming(void) {
   }
 }
 
+/* ckpt_clean_stale removes what a writer killed mid-save left, and nothing a
+ * live writer still owns: a pid that is gone, a zombie (what a rank killed
+ * under mpirun becomes where PID 1 reaps no orphans), and a live pid younger
+ * than its entry (reused) are stale; our own pid and a live older one not. */
+static void test_clean_stale(void) {
+  mkdir_or_die(at("stale"));
+  pid_t zombie = fork(), live, gone = fork();
+  if (zombie == 0 || gone == 0)
+    _exit(0);
+  if ((live = fork()) == 0) {
+    pause();
+    _exit(0);
+  }
+  CHECK(zombie > 0 && live > 0 && gone > 0);
+  CHECK(waitpid(gone, NULL, 0) == gone); /* gone; the zombie is left unreaped */
+  for (int i = 0; i < 200; i++) {        /* until the zombie has exited */
+    char path[64], buf[256] = {0};
+    snprintf(path, sizeof path, "/proc/%ld/stat", (long)zombie);
+    FILE *f = fopen(path, "r");
+    if (!f)
+      break;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    if (strstr(buf, ") Z"))
+      break;
+    usleep(10000);
+  }
+  struct { const char *name; long pid; bool stays; int age; } cases[] = {
+      {".step_3.tmp.%ld", (long)zombie, false, 0},
+      {".step_4.tmp.%ld", (long)gone, false, 0},
+      {".step_5.tmp.%ld", (long)getpid(), true, 0},
+      {".step_6.tmp.%ld", (long)live, true, 0},
+      {".step_7.tmp.%ld", (long)live, false, 3600}, /* written an hour before live started */
+      {"latest.tmp.%ld", (long)zombie, false, 0},
+      {"step_8.keep.%ld", (long)zombie, true, 0}, /* not a name a save uses */
+  };
+  int n = (int)(sizeof cases / sizeof cases[0]);
+  char names[16][128];
+  for (int i = 0; i < n; i++) {
+    snprintf(names[i], sizeof names[i], cases[i].name, cases[i].pid);
+    const char *p = at("stale/%s", names[i]);
+    if (cases[i].name[0] == 'l')
+      write_text(p, "step_2");
+    else
+      mkdir_or_die(p);
+    if (cases[i].age) {
+      struct timespec ts[2] = {{.tv_sec = time(NULL) - cases[i].age}, {.tv_sec = time(NULL) - cases[i].age}};
+      CHECK(utimensat(AT_FDCWD, p, ts, 0) == 0);
+    }
+  }
+  CHECK(ckpt_clean_stale(at("stale")) == 0);
+  for (int i = 0; i < n; i++) {
+    struct stat st;
+    bool there = stat(at("stale/%s", names[i]), &st) == 0;
+    if (there != cases[i].stays)
+      printf("  clean_stale: %s %s\n", names[i], there ? "was kept" : "was removed");
+    CHECK(there == cases[i].stays);
+  }
+  kill(live, SIGKILL);
+  waitpid(live, NULL, 0);
+  waitpid(zombie, NULL, 0);
+  printf("ok  clean_stale: a gone, a zombie and a reused pid's saves removed; ours and a live writer's kept\n");
+}
+
 int main(void) {
   snprintf(root, sizeof root, "/tmp/test_ckpt.XXXXXX");
   if (!mkdtemp(root))
@@ -625,6 +693,7 @@ int main(void) {
   test_write_read();
   test_bad();
   test_streaming();
+  test_clean_stale();
   for (int t = 0; t < NSPEC; t++)
     free(data[t]);
   ckpt_remove_tree(root);
