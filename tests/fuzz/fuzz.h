@@ -55,7 +55,9 @@ static void fuzz_files_remove(void) {
 
 /* Writes data to this process's scratch file NAME (in $TMPDIR, or /dev/shm
  * when there is one: a write per input) and returns its path, which holds
- * until the next call with the same name. */
+ * until the next call with the same name. The pid is zero-padded: a path
+ * whose length changed with the pid would change the coverage (strlen's and
+ * the parser's loops over it), and a seeded walk would not repeat. */
 static inline const char *fuzz_file(const char *name, const void *data, size_t n) {
   int k = 0;
   while (k < 8 && fuzz_names[k] && strcmp(fuzz_names[k], name) != 0)
@@ -66,7 +68,7 @@ static inline const char *fuzz_file(const char *name, const void *data, size_t n
     const char *dir = getenv("TMPDIR");
     if (!dir || !*dir)
       dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    snprintf(fuzz_paths[k], sizeof fuzz_paths[k], "%s/optc-fuzz-%d-%s", dir, (int)getpid(), name);
+    snprintf(fuzz_paths[k], sizeof fuzz_paths[k], "%s/optc-fuzz-%010d-%s", dir, (int)getpid(), name);
     if (k == 0)
       atexit(fuzz_files_remove);
     fuzz_names[k] = name;
