@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -333,6 +334,11 @@ void fmt_double(char *out, double x, bool as_f32) {
     strcpy(out, x < 0 ? "-inf" : "inf");
     return;
   }
+  /* an f32's text is the float's: from the double it came from, the
+   * shortest text can differ (1.1717382534e19 prints as 1.17173825e+19, which
+   * reads back as the same float but then prints as 1.1717382e+19) */
+  if (as_f32 && fabs(x) <= FLT_MAX)
+    x = (double)(float)x;
   for (int prec = 1; prec <= 17; prec++) {
     snprintf(out, 32, "%.*g", prec, x);
     double y = strtod(out, NULL);
