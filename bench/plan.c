@@ -160,6 +160,18 @@ int cmd_plan(int argc, char **argv) {
       sbytes += per_rank * type_size(g->bufs[b].type);
       nstates++;
     }
+  /* what optc run holds per rank today: params and grads whole, at the
+   * recipe's batch and the model's sequence length (as train.c sizes it) */
+  L4Config cfg = inventory_l4_config(&r->model);
+  int seq = (int)MIN(r->model.max_seq_len, 2048);
+  const YamlNode *tn = yaml_get(r->root, "tokenizer"), *ms = tn ? yaml_get(tn, "max_seq_len") : NULL;
+  char *end = NULL;
+  long tok_seq = ms && ms->kind == YAML_SCALAR ? strtol(ms->str, &end, 10) : 0;
+  if (end && !*end && tok_seq > 0) /* train.c refuses any other max_seq_len, before it runs */
+    seq = (int)MIN(seq, tok_seq);
+  int threads = MAX(1, pool_default_threads() / nproc);
+  RankMemory run;
+  rank_memory(r, &cfg, g, nproc, (int)r->batch_size, seq, threads, &run);
   double step_bytes = per_rank * g->plan->bytes_per_element;
   const char *bw_from = "--bandwidth";
   if (!bandwidth) {
@@ -189,6 +201,12 @@ int cmd_plan(int argc, char **argv) {
         "traffic", "phases", g->plan->nphases, "bytes_per_element", (double)g->plan->bytes_per_element,
         "optimizer_step", "bytes_per_rank", step_bytes, "bandwidth_from", bw_from, "predicted_ms", step_s * 1e3,
         "bandwidth_gbps", bandwidth);
+    json_object_set_new(o, "run_memory_per_rank_bytes",
+                        json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:i}", "params", run.params, "grads",
+                                  run.grads, "f32_working_copies", run.work, "reduced_grads_slice", run.grad_slice,
+                                  "optimizer_states", run.states, "process", run.process,
+                                  "activations", run.acts, "total", run.total, "batch_size", (int)r->batch_size,
+                                  "seq_len", seq, "threads", threads));
     json_object_set_new(o, "compile_ms", compile_ms >= 0 ? json_real(compile_ms) : json_null());
     char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     puts(s);
@@ -205,8 +223,17 @@ int cmd_plan(int argc, char **argv) {
     printf("  per rank     %.0f elements of each buffer (1/%d, padded to %d-element blocks)\n", per_rank, nproc,
            OPTC_REDUCE_BLOCK);
     double a = human(pbytes, &u1), b = human(gbytes, &u2), c = human(sbytes, &u3), d = human(pbytes + gbytes + sbytes, &u4);
-    printf("  memory/rank  params %.2f %s + grads %.2f %s + states %.2f %s = %.2f %s, on the %s\n", a, u1, b, u2, c, u3,
-           d, u4, where);
+    printf("  memory/rank  params %.2f %s + grads %.2f %s + states %.2f %s = %.2f %s, on the %s, fully sharded (FSDP)\n",
+           a, u1, b, u2, c, u3, d, u4, where);
+    const char *v1, *v2, *v3, *v4, *v5, *v6, *v7, *v8;
+    double w1 = human(run.params, &v1), w2 = human(run.grads, &v2), w3 = human(run.work, &v3),
+           w4 = human(run.grad_slice, &v4), w5 = human(run.states, &v5), w6 = human(run.acts, &v6),
+           w7 = human(run.process, &v7), w8 = human(run.total, &v8);
+    printf("  optc run     params %.2f %s + grads %.2f %s (whole on each rank) + f32 copies %.2f %s + reduced grads "
+           "%.2f %s + states %.2f %s (slices) + activations %.2f %s (batch %d x %d tokens, %d thread%s) + the "
+           "process %.2f %s = %.2f %s per rank\n",
+           w1, v1, w2, v2, w3, v3, w4, v4, w5, v5, w6, v6, (int)r->batch_size, seq, threads, threads == 1 ? "" : "s",
+           w7, v7, w8, v8);
     double e = human(step_bytes, &u5);
     printf("  step traffic %d bytes/element in %d phase%s: %.2f %s per rank per step\n", g->plan->bytes_per_element,
            g->plan->nphases, g->plan->nphases == 1 ? "" : "s", e, u5);

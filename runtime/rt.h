@@ -342,3 +342,18 @@ typedef struct {
 
 /* Trains on the ranks of coll (every rank calls it). 0, or -1 with an error printed. */
 int train_run(Recipe *r, Coll *coll, const TrainOptions *opt, TrainResult *out);
+
+/* What one rank of optc run holds, in bytes: the params and grads whole
+ * (forward and backward use them; FSDP's per-layer sharding at rest is not
+ * there yet), their f32 working copies when they are 16-bit, its slice of
+ * the reduced grads and of the optimizer states, and the model's
+ * activation workspace for batch x seq with the attention scratch of
+ * `threads` threads; and the process itself (libraries, LLVM, the
+ * recipe): the caller's resident memory when it calls, so optc plan calls
+ * it after compiling the step, as a rank has. optc run checks it against
+ * the memory available; optc plan prints it. */
+typedef struct {
+  double params, grads, work, grad_slice, states, acts, process, total;
+} RankMemory;
+void rank_memory(const Recipe *r, const L4Config *c, const Graph *g, int world, int batch, int seq, int threads,
+                 RankMemory *m);

@@ -108,33 +108,59 @@ static double peak_rss(void) {
   return (double)ru.ru_maxrss * 1024;
 }
 
-/* What one rank holds: full params and grads (forward and backward use
- * them), f32 working copies of both when they are 16-bit, the slice of
- * the optimizer states, and the activations of one micro-batch. */
+/* This process's resident bytes now (VmRSS), 0 where /proc has none. */
+static double resident_now(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f)
+    return 0;
+  char line[256];
+  double kb = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %lf kB", &kb) == 1)
+      break;
+  fclose(f);
+  return kb * 1024;
+}
+
+void rank_memory(const Recipe *r, const L4Config *c, const Graph *g, int world, int batch, int seq, int threads,
+                 RankMemory *m) {
+  double params = (double)l4_param_count(c);
+  double per = ceil(params / world / OPTC_REDUCE_BLOCK) * OPTC_REDUCE_BLOCK, full = per * world;
+  *m = (RankMemory){0};
+  m->params = full * type_size(r->param_dtype);
+  m->grads = full * type_size(r->grad_dtype);
+  m->work = (r->param_dtype != TY_F32 ? full * 4 : 0) + (r->grad_dtype != TY_F32 ? full * 4 : 0);
+  /* fsdp_init: the rank's slice of every buffer but the params, the grads'
+   * (what the reduce-scatter writes) included */
+  for (int b = 0; b < g->nbufs; b++) {
+    double slice = (per + OPTC_TENSOR_ALIGN) * type_size((Type)g->bufs[b].type);
+    if (g->bufs[b].kind == BUF_STATE)
+      m->states += slice;
+    else if (g->bufs[b].kind == BUF_GRAD)
+      m->grad_slice += slice;
+  }
+  m->acts = (double)l4_workspace_bytes_for(c, batch, seq, threads);
+  m->process = resident_now();
+  m->total = m->params + m->grads + m->work + m->grad_slice + m->states + m->acts + m->process;
+}
+
+/* Fails fast when a rank's holdings (rank_memory) exceed what the machine
+ * has available per rank. */
 static int check_memory(Trainer *t, int batch, int seq) {
   const Recipe *r = t->r;
-  double params = (double)l4_param_count(&t->cfg);
-  double per = ceil(params / t->world / OPTC_REDUCE_BLOCK) * OPTC_REDUCE_BLOCK;
-  double full = per * t->world;
-  double pb = full * type_size(r->param_dtype), gb = full * type_size(r->grad_dtype);
-  double work = (r->param_dtype != TY_F32 ? full * 4 : 0) + (r->grad_dtype != TY_F32 ? full * 4 : 0);
-  double states = 0;
-  for (int b = 0; b < t->g->nbufs; b++)
-    if (t->g->bufs[b].kind == BUF_STATE)
-      states += per * type_size(t->g->bufs[b].type);
-  /* activations: about what l4_create allocates for this batch, estimated
-   * per token from the dims (the model is not built yet) */
-  double D = t->cfg.embed_dim, H = MAX(t->cfg.hidden_dim, t->cfg.shared_hidden_dim), V = t->cfg.vocab_size;
-  double acts = (double)batch * seq * (t->cfg.num_layers * (20 * D + 6 * H) + 64 * V / seq + 4 * D) * 4;
-  double need = pb + gb + work + states + acts;
+  RankMemory m;
+  rank_memory(r, &t->cfg, t->g, t->world, batch, seq, MAX(1, pool_default_threads() / t->world), &m);
   double avail = mem_available() / t->world;
-  if (avail > 0 && need > avail) {
+  if (avail > 0 && m.total > avail) {
     if (t->rank != 0) /* every rank stops; one says why */
       return -1;
-    error("%s needs %.1f GiB per rank (params %.1f + grads %.1f + f32 working copies %.1f + optimizer states %.1f + "
-          "activations %.1f GiB) for %.0f parameters on %d rank%s; this machine has %.1f GiB available per rank",
-          r->path, need / (1 << 30), pb / (1 << 30), gb / (1 << 30), work / (1 << 30), states / (1 << 30),
-          acts / (1 << 30), params, t->world, t->world == 1 ? "" : "s", avail / (1 << 30));
+    error("%s needs %.1f GiB per rank (params %.1f + grads %.1f + f32 working copies %.1f + the reduced grads' "
+          "slice %.1f + optimizer states %.1f + activations %.1f + the process %.1f GiB) for %.0f parameters on %d "
+          "rank%s; this machine has %.1f GiB available per rank",
+          r->path, m.total / (1 << 30), m.params / (1 << 30), m.grads / (1 << 30), m.work / (1 << 30),
+          m.grad_slice / (1 << 30), m.states / (1 << 30), m.acts / (1 << 30), m.process / (1 << 30),
+          (double)l4_param_count(&t->cfg), t->world,
+          t->world == 1 ? "" : "s", avail / (1 << 30));
     return -1;
   }
   return 0;

@@ -356,6 +356,13 @@ static int config_check(const L4Config *c, int max_batch, int max_seq, char *err
 #undef BAD
 }
 
+/* The int workspace: choice and order (L, N), offsets (L, E+1), cursor (E),
+ * pos and chunk_id (N). */
+static size_t ints_bytes(const L4Config *c, size_t N) {
+  size_t L = c->num_layers, E = c->num_experts;
+  return (2 * L * N + L * (E + 1) + E + 2 * N) * sizeof(int32_t);
+}
+
 static L4Model *model_create(const L4Config *c, int max_batch, int max_seq, size_t elem,
                              char *err, size_t errlen) {
   if (errlen) err[0] = 0;
@@ -368,7 +375,7 @@ static L4Model *model_create(const L4Config *c, int max_batch, int max_seq, size
                                        : acts_bind_f64(m, NULL, NULL);
   size_t N = (size_t)max_batch * max_seq, L = c->num_layers, E = c->num_experts;
   m->acts_bytes = numel * elem;
-  m->ints_bytes = (2 * L * N + L * (E + 1) + E + 2 * N) * sizeof(int32_t);
+  m->ints_bytes = ints_bytes(c, N);
   m->acts = malloc(m->acts_bytes);
   int32_t *ints = malloc(m->ints_bytes);
   m->inv_freq = malloc(sizeof(double) * (size_t)(c->head_dim / 2));
@@ -428,6 +435,14 @@ size_t l4_workspace_bytes(const L4Model *m) {
   size_t N = (size_t)m->max_batch * m->max_seq;
   return m->acts_bytes + m->ints_bytes + (N + m->c.num_experts) * sizeof(L4Item) + N * sizeof(double) +
          m->elem * 2 * (size_t)m->max_seq * m->max_seq * (size_t)m->nslots;
+}
+
+size_t l4_workspace_bytes_for(const L4Config *c, int max_batch, int max_seq, int threads) {
+  L4Model m = {.c = *c, .max_batch = max_batch, .max_seq = max_seq, .elem = sizeof(float)};
+  m.acts_bytes = acts_bind_f32(&m, NULL, NULL) * sizeof(float);
+  m.ints_bytes = ints_bytes(c, (size_t)max_batch * max_seq);
+  m.nslots = threads > 0 ? threads : 1;
+  return l4_workspace_bytes(&m);
 }
 
 const int32_t *l4_expert_choice(const L4Model *m, int l) {

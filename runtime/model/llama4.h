@@ -87,6 +87,10 @@ L4Model *l4_create_f64(const L4Config *c, int max_batch, int max_seq, char *err,
 void l4_free(L4Model *m);
 /* Bytes of activation workspace l4_create allocated, for memory reports. */
 size_t l4_workspace_bytes(const L4Model *m);
+/* ... and what l4_create would allocate for c at max_batch x max_seq, with
+ * the attention scratch of `threads` threads (l4_set_pool), without
+ * creating it: for memory plans. */
+size_t l4_workspace_bytes_for(const L4Config *c, int max_batch, int max_seq, int threads);
 /* Runs the model's phases on pool's threads from now on (NULL: on the
  * caller's alone, the default), with the BLAS called from each thread
  * single-threaded; the pool is the caller's, shared with whatever else

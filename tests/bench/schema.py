@@ -84,6 +84,16 @@ need(m["params"] + m["grads"] + m["optimizer_states"] == m["total"], "memory add
 # bf16 params, grads and two bf16 states: 2+2+4 bytes per element, over 1/8 of the params padded to blocks
 per_rank = math.ceil(107769861120 / 8 / 4096) * 4096
 need(m["params"] == per_rank * 2 and m["optimizer_states"] == per_rank * 4, "per-rank bytes from the dtypes")
+# what optc run holds per rank: params and grads whole, f32 copies of both (bf16), slices of the rest
+rm = plan["run_memory_per_rank_bytes"]
+full = per_rank * 8
+need(rm["params"] == full * 2 and rm["grads"] == full * 2 and rm["f32_working_copies"] == full * 8,
+     "optc run's whole params, grads and their f32 copies")
+need(rm["optimizer_states"] == (per_rank + 16) * 4 and rm["reduced_grads_slice"] == (per_rank + 16) * 2,
+     "optc run's slices of the states and the reduced grads")
+positive(rm["activations"], "run_memory_per_rank_bytes.activations")
+need(abs(rm["params"] + rm["grads"] + rm["f32_working_copies"] + rm["reduced_grads_slice"] + rm["optimizer_states"] +
+         rm["activations"] + rm["process"] - rm["total"]) < 1, "optc run's memory adds up")
 need(plan["traffic"]["bytes_per_element"] == 14 and plan["traffic"]["phases"] == 1, "Scout's step: 14 B/elem, 1 phase")
 need(plan["optimizer_step"]["bytes_per_rank"] == per_rank * 14, "bytes per rank per step")
 positive(plan["optimizer_step"]["predicted_ms"], "predicted_ms")
