@@ -63,7 +63,9 @@ int coll_size(const Coll *c);
 const char *coll_name(const Coll *c); /* "local", "mpi" or "nccl" */
 
 /* send: (size, count) blocks; recv: (count). Rank r receives the rank-order
- * sum of block r of every rank's send. send and recv must not overlap. */
+ * sum of block r of every rank's send. send and recv must not overlap,
+ * except on one rank of the host collectives (local, mpi), where recv may
+ * be send (in place). */
 int coll_reduce_scatter_sum(Coll *c, const void *send, void *recv, int64_t count, CollType t);
 /* send: (count); recv: (size, count), block k from rank k. send may be
  * recv + rank * count elements (in place). */

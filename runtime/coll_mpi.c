@@ -283,6 +283,10 @@ static bool reduce_library(const Coll *c, int64_t count, CollType t) {
 static int mpi_reduce_scatter(Coll *c, const void *send, void *recv, int64_t count, CollType t) {
   CollMpi *m = as_mpi(c);
   m->op = "reduce_scatter";
+  if (c->size == 1) { /* as the local collective: in place or not (fsdp's one-rank grads are) */
+    coll_reduce_host(recv, &send, 1, count, t, COLL_SUM);
+    return 0;
+  }
   if (reduce_library(c, count, t)) {
     LIBRARY_CALL(m, MPI_Reduce_scatter_block, MPI_Ireduce_scatter_block, send, recv, (int)count, mpi_type(t), MPI_SUM, m->comm);
     return 0;

@@ -120,7 +120,8 @@ int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel) 
   layout_restrict(&f->shard, f->lo, f->hi);
   ASSERT(f->shard.nchunks == f->rank_c0[f->rank + 1] - f->rank_c0[f->rank]);
 
-  /* memory: full params and grads, the owned slice of everything else */
+  /* memory: full params and grads, the owned slice of everything else (on
+   * one rank, the grads are their own slice) */
   f->mem = calloc((size_t)g->nbufs + 1, sizeof(void *));
   f->bufs = calloc((size_t)g->nbufs + 1, sizeof(void *));
   ASSERT(f->mem && f->bufs);
@@ -134,6 +135,12 @@ int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel) 
     Type t = (Type)g->bufs[b].type;
     if (b == f->pbuf) {
       f->bufs[b] = f->params; /* flat-indexed as it is */
+      continue;
+    }
+    if (b == f->gbuf && f->world == 1) {
+      /* one rank's slice is all of it: the reduce-scatter runs in place,
+       * where a slice would be a second copy of the grads */
+      f->bufs[b] = f->grads;
       continue;
     }
     /* the slice, at a pointer that flat indices in [lo, hi) land in */
@@ -225,7 +232,7 @@ int fsdp_step(Fsdp *f, Executor *x, const double *inputs, StepResult *res) {
   const Graph *g = f->g;
   Type gt = (Type)g->bufs[f->gbuf].type, pt = (Type)g->bufs[f->pbuf].type;
   /* 1. grads: the sum of every rank's, into the owned slice */
-  if (coll_reduce_scatter_sum(f->coll, f->grads, f->mem[f->gbuf], f->S, sum_type(gt)) != 0)
+  if (coll_reduce_scatter_sum(f->coll, f->grads, f->mem[f->gbuf] ? f->mem[f->gbuf] : f->grads, f->S, sum_type(gt)) != 0)
     return -1;
   /* 3. the step over the owned slice. With a step-scope reduction of the
    * grads (clipping), a non-finite grad shows in it at no cost; without

@@ -136,7 +136,7 @@ void rank_memory(const Recipe *r, const L4Config *c, const Graph *g, int world, 
     double slice = (per + OPTC_TENSOR_ALIGN) * type_size((Type)g->bufs[b].type);
     if (g->bufs[b].kind == BUF_STATE)
       m->states += slice;
-    else if (g->bufs[b].kind == BUF_GRAD)
+    else if (g->bufs[b].kind == BUF_GRAD && world > 1) /* one rank's grads are their own slice */
       m->grad_slice += slice;
   }
   m->acts = (double)l4_workspace_bytes_for(c, batch, seq, threads);
