@@ -89,18 +89,22 @@ static void mkdir_p(const char *dir) {
 
 /* ---- memory: fail fast when the recipe cannot fit ------------------------------------- */
 
-static double mem_available(void) {
-  FILE *f = fopen("/proc/meminfo", "r");
+/* The bytes a /proc file gives for `KEY: N kB` (0 when it has none). */
+static double proc_kb_bytes(const char *path, const char *key) {
+  FILE *f = fopen(path, "r");
   if (!f)
     return 0;
   char line[256];
+  size_t n = strlen(key);
   double kb = 0;
   while (fgets(line, sizeof line, f))
-    if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1)
+    if (strncmp(line, key, n) == 0 && line[n] == ':' && sscanf(line + n + 1, "%lf", &kb) == 1)
       break;
   fclose(f);
   return kb * 1024;
 }
+
+static double mem_available(void) { return proc_kb_bytes("/proc/meminfo", "MemAvailable"); }
 
 static double peak_rss(void) {
   struct rusage ru;
@@ -108,19 +112,8 @@ static double peak_rss(void) {
   return (double)ru.ru_maxrss * 1024;
 }
 
-/* This process's resident bytes now (VmRSS), 0 where /proc has none. */
-static double resident_now(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  if (!f)
-    return 0;
-  char line[256];
-  double kb = 0;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmRSS: %lf kB", &kb) == 1)
-      break;
-  fclose(f);
-  return kb * 1024;
-}
+/* This process's resident bytes now, 0 where /proc has none. */
+static double resident_now(void) { return proc_kb_bytes("/proc/self/status", "VmRSS"); }
 
 void rank_memory(const Recipe *r, const L4Config *c, const Graph *g, int world, int batch, int seq, int threads,
                  RankMemory *m) {
