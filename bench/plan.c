@@ -5,15 +5,18 @@
  * moves per rank (the traffic model), the time that takes at a given
  * memory bandwidth, and the measured compile time of the step. */
 #include "../compiler/passes.h"
+#include "../runtime/blas.h"
 #include "../runtime/rt.h"
 #include "fused_ref.h"
 
+#include <cblas.h>
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
 
 static const char usage[] =
-    "usage: optc plan CONFIG [--nproc N] [--bandwidth GB/s] [--json] [KEY=VALUE ...]\n"
+    "usage: optc plan CONFIG [--nproc N] [--bandwidth GB/s] [--net-bandwidth GB/s] [--gflops G] [--json]\n"
+    "                 [KEY=VALUE ...]\n"
     "\n"
     "Plans a recipe's optimizer step for N ranks (FSDP: params, grads and\n"
     "states sharded 1/N per rank) without running it:\n"
@@ -24,7 +27,16 @@ static const char usage[] =
     "  - the predicted optimizer time at --bandwidth GB/s (default: the\n"
     "    in-place bandwidth `optc bench optimizer` last measured here, else a\n"
     "    quick measurement now);\n"
-    "  - the measured compile time of the step.\n";
+    "  - the measured compile time of the step;\n"
+    "  - FSDP's units as torchtune wraps them (each decoder layer; the\n"
+    "    embeddings; the final norm and output projection) and a step-time\n"
+    "    model with overlap: per unit the all-gather and reduce-scatter\n"
+    "    bytes per rank and the optimizer's bytes, per step the compute, and\n"
+    "    the critical path when the next unit's collectives and the last\n"
+    "    unit's optimizer step run under this unit's compute. The rates:\n"
+    "    --net-bandwidth GB/s per rank (default 12.5, a 100 Gb/s link: an\n"
+    "    assumption, give yours), --gflops per rank (default: one sgemm\n"
+    "    measured now on this rank's threads), and --bandwidth.\n";
 
 static double human(double bytes, const char **unit) {
   static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -68,10 +80,155 @@ static double measure_bandwidth(void) {
   return best;
 }
 
+/* sgemm GFLOP/s on `threads` threads: one 1024^3 product per thread, each
+ * single-threaded as the model calls the BLAS, best of 3. */
+typedef struct {
+  float *a, *b, *c;
+} Gemm;
+
+static void gemm_task(void *ctx, int64_t lo, int64_t hi) {
+  Gemm *g = ctx;
+  for (int64_t t = lo; t < hi; t++)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1024, 1024, 1024, 1.0f, g->a, 1024, g->b, 1024, 0.0f,
+                g->c + (size_t)t * 1024 * 1024, 1024);
+}
+
+static double measure_gflops(int threads) {
+  Gemm g = {calloc(1024 * 1024, 4), calloc(1024 * 1024, 4), calloc((size_t)threads * 1024 * 1024, 4)};
+  double best = 0;
+  if (g.a && g.b && g.c) {
+    blas_init();
+    ThreadPool *pool = pool_create(threads);
+    for (int r = 0; r < 3; r++) {
+      double t0 = now_seconds();
+      pool_run(pool, gemm_task, &g, threads);
+      best = MAX(best, 2.0 * 1024 * 1024 * 1024 * threads / (now_seconds() - t0) / 1e9);
+    }
+    pool_free(pool);
+  }
+  free(g.a);
+  free(g.b);
+  free(g.c);
+  return best > 0 ? best : 10;
+}
+
+/* An FSDP unit as torchtune's recipe wraps the model: each decoder layer,
+ * the token embeddings, and the root (the final norm and the output
+ * projection). */
+typedef struct {
+  char name[32];
+  double params, active; /* elements; active: what one token's forward multiplies (top-k of the experts) */
+  double flops_f;        /* forward FLOPs of the batch */
+} Unit;
+
+static int unit_of(const char *name, Unit *units, int *n, int max) {
+  char key[32];
+  int layer;
+  if (sscanf(name, "layers.%d.", &layer) == 1)
+    snprintf(key, sizeof key, "layers.%d", layer);
+  else if (strncmp(name, "tok_embeddings", 14) == 0)
+    snprintf(key, sizeof key, "tok_embeddings");
+  else
+    snprintf(key, sizeof key, "norm+output");
+  for (int i = 0; i < *n; i++)
+    if (strcmp(units[i].name, key) == 0)
+      return i;
+  ASSERT(*n < max);
+  memset(&units[*n], 0, sizeof(Unit));
+  snprintf(units[*n].name, sizeof units[*n].name, "%s", key);
+  return (*n)++;
+}
+
+typedef struct {
+  int nunits;
+  double ag, rs, opt_bytes;              /* per rank per step */
+  double flops, t_fwd, t_bwd, t_opt;     /* seconds, without overlap */
+  double t_step, t_serial, opt_hidden;   /* with overlap, without, optimizer time hidden */
+  double unit_max_params;                /* the largest unit: what a rank gathers at once */
+  const char *bound;                     /* what bounds the backward */
+  bool reshard, clip;
+} UnitModel;
+
+/* The step with FSDP's overlap, unit by unit: forward prefetches unit
+ * u+1's all-gather under u's compute; backward gathers again (reshard
+ * after forward), reduce-scatters u under u-1's compute, and steps u's
+ * shard on the host as its grads arrive, unless clip_grad_norm needs the
+ * global norm first. Three resources each work their items in order: the
+ * compute, the network, the host's memory (the optimizer); a pipeline's
+ * time is the busiest resource's total plus filling it and draining it. */
+static void unit_model(const InvTensor *tt, int ntt, const Recipe *r, const L4Config *c, const Graph *g, int nproc,
+                       int seq, double net_gbps, double gflops, double mem_gbps, Unit **out_units, UnitModel *m) {
+  int max = c->num_layers + 3, n = 0;
+  Unit *u = calloc((size_t)max, sizeof(Unit));
+  ASSERT(u);
+  for (int i = 0; i < ntt; i++) {
+    Unit *x = &u[unit_of(tt[i].name, u, &n, max)];
+    x->params += (double)tt[i].numel;
+    bool expert = strstr(tt[i].name, ".experts.") != NULL;
+    bool embed = strncmp(tt[i].name, "tok_embeddings", 14) == 0;
+    /* a token multiplies by top-1 of the experts; the embedding is a lookup */
+    x->active += embed ? 0 : expert ? (double)tt[i].numel / c->num_experts : (double)tt[i].numel;
+  }
+  double tokens = (double)r->batch_size * seq;
+  double ctx = MIN((double)seq, (double)c->attention_chunk_size) / 2; /* causal, chunked: the mean context */
+  for (int i = 0; i < n; i++) {
+    u[i].flops_f = 2 * tokens * u[i].active;
+    if (strncmp(u[i].name, "layers.", 7) == 0) /* q k^T and p v */
+      u[i].flops_f += 4 * tokens * ctx * (double)c->num_heads * c->head_dim;
+  }
+  memset(m, 0, sizeof *m);
+  m->nunits = n;
+  const YamlNode *ra = yaml_get(r->root, "fsdp_reshard_after_forward");
+  m->reshard = !ra || yaml_is_null(ra) || strcmp(ra->str ? ra->str : "", "False") != 0;
+  m->clip = r->has_clip;
+  double pb = type_size(r->param_dtype), gb = type_size(r->grad_dtype), frac = (nproc - 1.0) / nproc;
+  double net = net_gbps * 1e9, flop = gflops * 1e9, mem = mem_gbps * 1e9;
+  double sc_f = 0, sc_b = 0, snet_f = 0, snet_b = 0, sopt = 0;
+  double first_ag = 0, last_rs = 0, last_opt = 0;
+  for (int i = 0; i < n; i++) {
+    double ag = u[i].params * pb * frac, rs = u[i].params * gb * frac;
+    double shard = ceil(u[i].params / nproc);
+    double opt = shard * g->plan->bytes_per_element / mem;
+    m->ag += ag * (m->reshard ? 2 : 1);
+    m->rs += rs;
+    m->opt_bytes += shard * g->plan->bytes_per_element;
+    m->flops += 3 * u[i].flops_f;
+    m->unit_max_params = MAX(m->unit_max_params, u[i].params);
+    sc_f += u[i].flops_f / flop;
+    sc_b += 2 * u[i].flops_f / flop;
+    snet_f += ag / net;
+    snet_b += (m->reshard ? ag : 0) / net + rs / net;
+    sopt += opt;
+    if (i == 0)
+      first_ag = ag / net;
+    if (i == n - 1 || n == 1)
+      last_rs = rs / net, last_opt = opt;
+  }
+  m->t_fwd = sc_f, m->t_bwd = sc_b, m->t_opt = sopt;
+  m->t_serial = sc_f + sc_b + snet_f + snet_b + sopt;
+  double fwd = MAX(sc_f, snet_f) + first_ag;
+  double bwd_busy = MAX(sc_b, snet_b);
+  double bwd_plain = bwd_busy + last_rs; /* the backward, the optimizer aside */
+  double bwd;
+  if (m->clip) { /* the norm of every grad first: the step after the backward */
+    bwd = bwd_plain + sopt;
+    m->opt_hidden = 0;
+  } else {
+    bwd = MAX(bwd_busy, sopt) + last_rs + last_opt;
+    m->opt_hidden = sopt - (bwd - bwd_plain);
+  }
+  m->bound = m->clip ? "the optimizer waits for clip_grad_norm's global norm"
+             : sopt >= bwd_busy ? "the optimizer (host memory)"
+             : sc_b >= snet_b   ? "compute"
+                                : "the network";
+  m->t_step = fwd + bwd;
+  *out_units = u;
+}
+
 int cmd_plan(int argc, char **argv) {
   const char *config = NULL;
   int nproc = 1;
-  double bandwidth = 0;
+  double bandwidth = 0, net_gbps = 12.5, gflops = 0;
   bool json = false;
   const char **ov = calloc((size_t)argc + 1, sizeof(char *));
   int nov = 0;
@@ -98,6 +255,14 @@ int cmd_plan(int argc, char **argv) {
         free(ov);
         return 2;
       }
+    } else if (v && (!strcmp(a, "--net-bandwidth") || !strcmp(a, "--gflops"))) {
+      double x = atof(v);
+      if (!(x > 0)) {
+        error("%s needs a positive number", a);
+        free(ov);
+        return 2;
+      }
+      *(a[2] == 'n' ? &net_gbps : &gflops) = x, i++;
     } else if (a[0] == '-') {
       error("unknown option '%s' (see optc plan --help)", a);
       free(ov);
@@ -148,7 +313,6 @@ int cmd_plan(int argc, char **argv) {
   for (int i = 0; i < nhf; i++)
     params_hf += (double)hf[i].numel;
   ASSERT(params == params_hf);
-  free(tt);
   free(hf);
   /* FSDP: each rank holds 1/N of every buffer, padded to whole blocks */
   double per_rank = ceil(params / nproc / OPTC_REDUCE_BLOCK) * OPTC_REDUCE_BLOCK;
@@ -192,6 +356,13 @@ int cmd_plan(int argc, char **argv) {
     json_decref(j);
   }
   double step_s = step_bytes / (bandwidth * 1e9);
+  const char *gflops_from = "--gflops";
+  if (!gflops)
+    gflops = measure_gflops(threads), gflops_from = "one sgemm per thread, measured now";
+  Unit *units;
+  UnitModel um;
+  unit_model(tt, ntt, r, &cfg, g, nproc, seq, net_gbps, gflops, bandwidth, &units, &um);
+  free(tt);
   const char *where = r->fsdp_cpu_offload ? "host (fsdp_cpu_offload)" : "device";
   if (json) {
     json_t *o = json_pack(
@@ -207,6 +378,18 @@ int cmd_plan(int argc, char **argv) {
                                   "optimizer_states", run.states, "process", run.process,
                                   "activations", run.acts, "total", run.total, "batch_size", (int)r->batch_size,
                                   "seq_len", seq, "threads", threads));
+    json_t *ju = json_array();
+    for (int i = 0; i < um.nunits; i++)
+      json_array_append_new(ju, json_pack("{s:s, s:f, s:f, s:f}", "name", units[i].name, "params", units[i].params,
+                                          "active_params", units[i].active, "forward_flops", units[i].flops_f));
+    json_object_set_new(
+        o, "fsdp",
+        json_pack("{s:o, s:b, s:b, s:{s:f, s:f, s:f, s:f}, s:{s:f, s:f, s:f}, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:s}}",
+                  "units", ju, "reshard_after_forward", um.reshard, "clip_grad_norm", um.clip, "per_step_per_rank",
+                  "all_gather_bytes", um.ag, "reduce_scatter_bytes", um.rs, "optimizer_bytes", um.opt_bytes, "flops",
+                  um.flops, "rates", "net_gbps", net_gbps, "gflops", gflops, "mem_gbps", bandwidth, "model_s",
+                  "forward_compute", um.t_fwd, "backward_compute", um.t_bwd, "optimizer", um.t_opt, "step",
+                  um.t_step, "serial", um.t_serial, "optimizer_hidden", um.opt_hidden, "backward_bound", um.bound));
     json_object_set_new(o, "compile_ms", compile_ms >= 0 ? json_real(compile_ms) : json_null());
     char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     puts(s);
@@ -238,11 +421,44 @@ int cmd_plan(int argc, char **argv) {
     printf("  step traffic %d bytes/element in %d phase%s: %.2f %s per rank per step\n", g->plan->bytes_per_element,
            g->plan->nphases, g->plan->nphases == 1 ? "" : "s", e, u5);
     printf("  step time    %.1f ms at %.1f GB/s (%s)\n", step_s * 1e3, bandwidth, bw_from);
+    /* the units: consecutive ones of the same size on one line */
+    printf("  FSDP units   %d, as torchtune's recipe wraps them (reshard after forward: %s):\n", um.nunits,
+           um.reshard ? "yes" : "no");
+    for (int i = 0; i < um.nunits;) {
+      int j = i;
+      while (j + 1 < um.nunits && units[j + 1].params == units[i].params && units[j + 1].active == units[i].active)
+        j++;
+      const char *q1, *q2, *q3;
+      double frac = (nproc - 1.0) / nproc;
+      double x1 = human(units[i].params * type_size(r->param_dtype) * frac, &q1),
+             x2 = human(units[i].params * type_size(r->grad_dtype) * frac, &q2),
+             x3 = human(ceil(units[i].params / nproc) * g->plan->bytes_per_element, &q3);
+      char span[80];
+      if (j > i)
+        snprintf(span, sizeof span, "%s .. %s (%d)", units[i].name, units[j].name, j - i + 1);
+      else
+        snprintf(span, sizeof span, "%s", units[i].name);
+      printf("    %-28s %.0f params (%.0f active): all-gather %.2f %s, reduce-scatter %.2f %s, optimizer %.2f %s per rank\n",
+             span, units[i].params, units[i].active, x1, q1, x2, q2, x3, q3);
+      i = j + 1;
+    }
+    const char *q4, *q5, *q6;
+    double x4 = human(um.ag, &q4), x5 = human(um.rs, &q5), x6 = human(um.unit_max_params * type_size(r->param_dtype), &q6);
+    printf("  per step     all-gather %.2f %s + reduce-scatter %.2f %s per rank; %.3g TFLOP per rank (batch %d x %d "
+           "tokens); the largest unit gathered is %.2f %s\n",
+           x4, q4, x5, q5, um.flops / 1e12, (int)r->batch_size, seq, x6, q6);
+    printf("  step model   compute %.2f s forward + %.2f s backward, optimizer %.2f s; overlapped %.2f s (the backward "
+           "bound by %s; %.2f s of the optimizer hidden), serial %.2f s\n",
+           um.t_fwd, um.t_bwd, um.t_opt, um.t_step, um.bound, um.opt_hidden, um.t_serial);
+    printf("               at %.1f GB/s network per rank (%s), %.0f GFLOP/s per rank (%s), %.1f GB/s host memory\n",
+           net_gbps, net_gbps == 12.5 ? "assumed: a 100 Gb/s link; --net-bandwidth" : "--net-bandwidth", gflops,
+           gflops_from, bandwidth);
     if (compile_ms >= 0)
       printf("  compile      %.1f ms (front end %.2f, passes %.2f, LLVM build %.2f, O3 %.2f, codegen %.2f, link %.2f)\n",
              compile_ms, frontend_ms, passes_ms, ct.build, ct.opt, ct.codegen, ct.link);
   }
   rc = 0;
+  free(units);
 out:
   arena_free(arena);
   free(ov);

@@ -71,7 +71,7 @@ for layout in ("bf16", "bf16-fp32states"):
 
 # ---- optc plan ----------------------------------------------------------------------------
 p = run(["plan", os.path.join(root, "recipes/configs/llama4/scout_17B_16E_full.yaml"), "--nproc", "8", "--json",
-         "--bandwidth", "50"])
+         "--bandwidth", "50", "--net-bandwidth", "25", "--gflops", "1000"])
 plan = json.loads(p.stdout)
 need(plan["parameters"] == 107769861120, "Scout has 107,769,861,120 parameters, got %r" % plan["parameters"])
 need(plan["tensors"]["torchtune"] == 627, "627 tensors in torchtune's layout")
@@ -94,6 +94,25 @@ need(rm["optimizer_states"] == (per_rank + 16) * 4 and rm["reduced_grads_slice"]
 positive(rm["activations"], "run_memory_per_rank_bytes.activations")
 need(abs(rm["params"] + rm["grads"] + rm["f32_working_copies"] + rm["reduced_grads_slice"] + rm["optimizer_states"] +
          rm["activations"] + rm["process"] - rm["total"]) < 1, "optc run's memory adds up")
+# FSDP's units and the step model: 48 layers, the embeddings, the root (norm + output)
+fs = plan["fsdp"]
+units = fs["units"]
+need(len(units) == 50 and sum(u["params"] for u in units) == 107769861120, "50 units holding every parameter")
+active = sum(u["active_params"] for u in units) + units[0]["params"]  # the embeddings: a lookup, counted by Meta
+need(17.0e9 < active < 17.3e9, "Scout's 17B active parameters (Meta's count, embeddings included), got %.4g" % active)
+layers = [u for u in units if u["name"].startswith("layers.")]
+need(len(layers) == 48 and all(u["active_params"] < u["params"] for u in layers), "top-1 of 16 experts is active")
+ps = fs["per_step_per_rank"]
+need(fs["reshard_after_forward"] and abs(ps["all_gather_bytes"] - 2 * 107769861120 * 2 * 7 / 8) < 1e3,
+     "all-gathers: the params twice (forward, backward), 7/8 of them received per rank")
+need(abs(ps["reduce_scatter_bytes"] - 107769861120 * 2 * 7 / 8) < 1e3, "reduce-scatter: the bf16 grads once")
+need(ps["optimizer_bytes"] == sum(math.ceil(u["params"] / 8) for u in units) * 14, "optimizer: 14 B per shard element")
+ms = fs["model_s"]
+need(fs["rates"]["net_gbps"] == 25 and fs["rates"]["gflops"] == 1000, "the given rates")
+need(max(ms["forward_compute"] + ms["backward_compute"], ms["optimizer"]) <= ms["step"] <= ms["serial"],
+     "the overlapped step lies between the busiest resource and the serial sum")
+need(0 <= ms["optimizer_hidden"] <= ms["optimizer"] + 1e-9, "the hidden optimizer time is part of it")
+need(abs(ms["backward_compute"] - 2 * ms["forward_compute"]) < 1e-9, "backward = 2 x forward FLOPs")
 need(plan["traffic"]["bytes_per_element"] == 14 and plan["traffic"]["phases"] == 1, "Scout's step: 14 B/elem, 1 phase")
 need(plan["optimizer_step"]["bytes_per_rank"] == per_rank * 14, "bytes per rank per step")
 positive(plan["optimizer_step"]["predicted_ms"], "predicted_ms")
