@@ -433,7 +433,7 @@ int cmd_plan(int argc, char **argv) {
       double x1 = human(units[i].params * type_size(r->param_dtype) * frac, &q1),
              x2 = human(units[i].params * type_size(r->grad_dtype) * frac, &q2),
              x3 = human(ceil(units[i].params / nproc) * g->plan->bytes_per_element, &q3);
-      char span[80];
+      char span[96];
       if (j > i)
         snprintf(span, sizeof span, "%s .. %s (%d)", units[i].name, units[j].name, j - i + 1);
       else
