@@ -179,7 +179,9 @@ static void unit_model(const InvTensor *tt, int ntt, const Recipe *r, const L4Co
   memset(m, 0, sizeof *m);
   m->nunits = n;
   const YamlNode *ra = yaml_get(r->root, "fsdp_reshard_after_forward");
-  m->reshard = !ra || yaml_is_null(ra) || strcmp(ra->str ? ra->str : "", "False") != 0;
+  m->reshard = true; /* torchtune's default; the front end has checked the key is a bool */
+  if (ra && !yaml_is_null(ra) && !yaml_bool(ra, "fsdp_reshard_after_forward", &m->reshard))
+    m->reshard = true;
   m->clip = r->has_clip;
   double pb = type_size(r->param_dtype), gb = type_size(r->grad_dtype), frac = (nproc - 1.0) / nproc;
   double net = net_gbps * 1e9, flop = gflops * 1e9, mem = mem_gbps * 1e9;
