@@ -149,25 +149,118 @@ static void run_range(void *ctx, int64_t lo, int64_t hi) {
   r->fn(r->l->chunks + lo, hi - lo, r->bufs, r->step, r->tvals, r->partials + lo * r->nred);
 }
 
-static bool grads_all_finite(const Graph *g, const GroupLayout *l, void *const *tbufs) {
-  for (int b = 0; b < g->nbufs; b++) {
-    if (g->bufs[b].kind != BUF_GRAD)
-      continue;
-    Type t = (Type)g->bufs[b].type;
-    for (int64_t c = 0; c < l->nchunks; c++) {
-      const Chunk *ch = &l->chunks[c];
-      const void *p = tbufs[(size_t)ch->tensor * (size_t)g->nbufs + (size_t)b];
-      for (int64_t i = ch->start; i < ch->start + ch->len; i++) {
-        float v = t == TY_F32 ? ((const float *)p)[i]
-                  : t == TY_BF16 ? optc_bf16_to_f32(((const uint16_t *)p)[i])
-                  : t == TY_F16  ? optc_f16_to_f32(((const uint16_t *)p)[i])
-                                 : (float)((const double *)p)[i];
-        if (!isfinite(v))
-          return false;
-      }
+/* ---- the grads' finiteness, before anything is stored --------------------------------- */
+
+/* Whether any of n floats, as unsigned words of the type's width, has its
+ * exponent field all ones (Inf or NaN). Written over 16-byte vectors, four
+ * at a time, which every x86-64 CPU holds in registers (SSE2) even at -O2:
+ * the pass is one read of the grads at memory speed. */
+#define NONFINITE_SCAN(name, T, V)                                                                 \
+  static bool name(const T *p, int64_t n, T em) {                                                 \
+    typedef T vec __attribute__((vector_size(16)));                                                \
+    typedef V mask __attribute__((vector_size(16)));                                               \
+    enum { L = 16 / sizeof(T) };                                                                   \
+    mask any = {0};                                                                                \
+    int64_t i = 0;                                                                                 \
+    for (; i + 4 * L <= n; i += 4 * L) {                                                           \
+      vec a, b, c, d;                                                                              \
+      memcpy(&a, p + i, 16);                                                                       \
+      memcpy(&b, p + i + L, 16);                                                                   \
+      memcpy(&c, p + i + 2 * L, 16);                                                               \
+      memcpy(&d, p + i + 3 * L, 16);                                                               \
+      any |= ((a & em) == em) | ((b & em) == em) | ((c & em) == em) | ((d & em) == em);            \
+    }                                                                                              \
+    bool found = false;                                                                            \
+    for (int k = 0; k < L; k++)                                                                    \
+      found |= any[k] != 0;                                                                        \
+    for (; i < n; i++)                                                                             \
+      found |= (p[i] & em) == em;                                                                  \
+    return found;                                                                                  \
+  }
+NONFINITE_SCAN(nonfinite16, uint16_t, int16_t)
+NONFINITE_SCAN(nonfinite32, uint32_t, int32_t)
+NONFINITE_SCAN(nonfinite64, uint64_t, int64_t)
+
+typedef struct {
+  const Graph *g;
+  const GroupLayout *l;
+  void *const *tbufs;
+  int found; /* set by any thread that saw an Inf or a NaN */
+} FiniteScan;
+
+static void scan_range(void *ctx, int64_t lo, int64_t hi) {
+  FiniteScan *s = ctx;
+  const Graph *g = s->g;
+  for (int64_t c = lo; c < hi && !__atomic_load_n(&s->found, __ATOMIC_RELAXED); c++) {
+    const Chunk *ch = &s->l->chunks[c];
+    for (int b = 0; b < g->nbufs; b++) {
+      if (g->bufs[b].kind != BUF_GRAD)
+        continue;
+      Type t = (Type)g->bufs[b].type;
+      const char *p = s->tbufs[(size_t)ch->tensor * (size_t)g->nbufs + (size_t)b];
+      p += ch->start * type_size(t);
+      bool bad = t == TY_BF16  ? nonfinite16((const uint16_t *)p, ch->len, 0x7f80)
+                 : t == TY_F16 ? nonfinite16((const uint16_t *)p, ch->len, 0x7c00)
+                 : t == TY_F32 ? nonfinite32((const uint32_t *)p, ch->len, 0x7f800000u)
+                               : nonfinite64((const uint64_t *)p, ch->len, 0x7ff0000000000000ull);
+      if (bad)
+        __atomic_store_n(&s->found, 1, __ATOMIC_RELAXED);
     }
   }
-  return true;
+}
+
+static bool grads_all_finite(ThreadPool *pool, const Graph *g, const GroupLayout *l, void *const *tbufs) {
+  FiniteScan s = {g, l, tbufs, 0};
+  pool_run(pool, scan_range, &s, l->nchunks);
+  return !s.found;
+}
+
+/* Whether the first phase's norm sees every non-finite grad, so that the
+ * step's check of it (skipped when not finite) is the grads' check and no
+ * pass of its own is needed: the phase stores nothing, and one of its
+ * step-scope sums of squares is non-finite whenever a grad element is. A
+ * value is non-finite wherever a grad is when it is the grad's load, or a
+ * cvt to a float, neg, abs, sqrt, add, sub, mul or fma of such a value
+ * (whatever the other operands: Inf times 0 is NaN, Inf minus Inf is NaN),
+ * or a div with it as the dividend; a sum of squares of one is Inf or NaN.
+ * A select, min, max or a divisor could hide it, so they end the trace. */
+static bool norm_checks_grads(const Graph *g) {
+  const Plan *p = g->plan;
+  if (p->nphases < 2 || p->phases[0].nwrites > 0)
+    return false;
+  const PlanPhase *ph = &p->phases[0];
+  uint64_t all = 0;
+  for (int b = 0; b < g->nbufs && b < 64; b++)
+    if (g->bufs[b].kind == BUF_GRAD)
+      all |= 1ull << b;
+  if (!all || g->nbufs > 64)
+    return false;
+  uint64_t *seen = calloc((size_t)(ph->hi - ph->lo) + 1, sizeof(uint64_t)); /* grads each value passes on */
+  ASSERT(seen);
+  bool ok = false;
+  for (Ref i = ph->lo; i < ph->hi && !ok; i++) {
+    const Ins *x = &g->ins[i];
+    uint64_t m = 0;
+    int nargs = op_info[x->op].nargs;
+    for (int k = 0; k < nargs; k++) {
+      Ref a = x->args[k];
+      if (a < ph->lo || a >= ph->hi)
+        continue;
+      switch (x->op) {
+      case OP_CVT: m |= type_is_float((Type)x->type) ? seen[a - ph->lo] : 0; break;
+      case OP_NEG: case OP_ABS: case OP_SQRT: case OP_ADD: case OP_SUB: case OP_MUL: case OP_FMA:
+      case OP_REDUCE: m |= seen[a - ph->lo]; break;
+      case OP_DIV: m |= k == 0 ? seen[a - ph->lo] : 0; break;
+      default: break;
+      }
+    }
+    if (x->op == OP_LOAD && g->bufs[x->buf].kind == BUF_GRAD)
+      m = 1ull << x->buf;
+    seen[i - ph->lo] = m;
+    ok = x->op == OP_REDUCE && x->red == RED_SUMSQ && x->to == SCOPE_STEP && (m & all) == all;
+  }
+  free(seen);
+  return ok;
 }
 
 int cpu_step(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLayout *l, void *const *bufs,
@@ -185,8 +278,8 @@ int cpu_step_t(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLa
   const Reducer *red = args ? args->reducer : NULL;
   const GroupLayout *gl = red ? red->global : l; /* the chunks the reductions fold over */
   bool ok = !args || args->propagate || args->grads_finite != 0;
-  if (ok && (!args || (!args->propagate && args->grads_finite < 0)))
-    ok = grads_all_finite(g, l, bufs);
+  if (ok && (!args || (!args->propagate && args->grads_finite < 0)) && !norm_checks_grads(g))
+    ok = grads_all_finite(pool, g, l, bufs);
   if (red)
     ok = red->all(red->ctx, ok);
   int maxred = 1;

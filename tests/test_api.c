@@ -286,6 +286,82 @@ static void test_nonfinite(void) {
   }
 }
 
+/* SKIP finds a NaN or an Inf wherever it sits: in the first element of a
+ * tensor, inside a vector, in the scalar tail after the last whole vector
+ * of a chunk, in a 16-bit or an f32 grad; with clip (the norm pass is the
+ * check) and without (a pass over the grads of its own). */
+static void test_nonfinite_anywhere(void) {
+  static const int64_t n[3] = {3, 70, 5000};
+  const int64_t spots[][2] = {{0, 0}, {0, 2}, {1, 0}, {1, 33}, {1, 69}, {2, 4095}, {2, 4096}, {2, 4999}};
+  const float bads[3] = {NAN, INFINITY, -INFINITY};
+  for (int dt = 0; dt < 2; dt++)
+    for (int clip = 0; clip < 2; clip++) {
+      optc_spec spec = optc_spec_default("torch.optim.SGD");
+      spec.param_dtype = spec.grad_dtype = spec.state_dtype = dt ? OPTC_BF16 : OPTC_F32;
+      spec.clip = clip ? OPTC_CLIP_NORM : OPTC_CLIP_NONE;
+      spec.nonfinite = OPTC_NONFINITE_SKIP;
+      optc_step *s = NULL;
+      optc_error err;
+      CHECK(optc_step_new(&spec, &s, &err) == OPTC_OK, "SGD %s: %s", dt ? "bf16" : "f32", err.message);
+      if (!s)
+        continue;
+      size_t es = dt ? 2 : 4;
+      int bad_seen = 0, cases = 0;
+      for (int k = -1; k < (int)(sizeof spots / sizeof spots[0]); k++)
+        for (int b = 0; b < (k < 0 ? 1 : 3); b++) {
+          void *param[3], *grad[3], *before[3];
+          for (int t = 0; t < 3; t++) {
+            param[t] = malloc(es * (size_t)n[t]);
+            grad[t] = malloc(es * (size_t)n[t]);
+            before[t] = malloc(es * (size_t)n[t]);
+            for (int64_t i = 0; i < n[t]; i++) {
+              float pv = 0.25f + 0.001f * (float)i, gv = 0.01f * (float)((i % 7) - 3);
+              if (dt) {
+                uint32_t pu, gu;
+                memcpy(&pu, &pv, 4);
+                memcpy(&gu, &gv, 4);
+                ((uint16_t *)param[t])[i] = (uint16_t)(pu >> 16);
+                ((uint16_t *)grad[t])[i] = (uint16_t)(gu >> 16);
+              } else {
+                ((float *)param[t])[i] = pv;
+                ((float *)grad[t])[i] = gv;
+              }
+            }
+            memcpy(before[t], param[t], es * (size_t)n[t]);
+          }
+          if (k >= 0) {
+            int t = (int)spots[k][0];
+            int64_t i = spots[k][1];
+            if (dt) {
+              uint32_t u;
+              memcpy(&u, &bads[b], 4);
+              ((uint16_t *)grad[t])[i] = (uint16_t)(u >> 16);
+            } else {
+              ((float *)grad[t])[i] = bads[b];
+            }
+          }
+          optc_buffers bb = {.ntensors = 3, .numel = n, .param = param, .grad = grad};
+          optc_scalar sc[] = {{"lr", 0.1}, {"max_norm", 1.0}};
+          optc_result res;
+          optc_status st = optc_step_run(s, &bb, sc, clip ? 2 : 1, 1, &res, &err);
+          int same = 1;
+          for (int t = 0; t < 3; t++)
+            same &= memcmp(before[t], param[t], es * (size_t)n[t]) == 0;
+          cases++;
+          bad_seen += st == OPTC_OK && res.skipped == (k >= 0) && same == (k >= 0);
+          for (int t = 0; t < 3; t++) {
+            free(param[t]);
+            free(grad[t]);
+            free(before[t]);
+          }
+        }
+      CHECK(bad_seen == cases, "SKIP, %s grads, clip %s: %d of %d cases right (a clean step runs; "
+            "NaN, +Inf, -Inf at 8 places are skipped with nothing written)", dt ? "bf16" : "f32",
+            clip ? "norm" : "none", bad_seen, cases);
+      optc_step_free(s);
+    }
+}
+
 static void test_bad_input(void) {
   optc_step *s = NULL;
   optc_error err;
@@ -578,6 +654,7 @@ int main(void) {
   test_adamw();
   test_clip();
   test_nonfinite();
+  test_nonfinite_anywhere();
   test_shard();
   test_bad_input();
   printf("test_api: %d checks, %d failed\n", checks, failures);
