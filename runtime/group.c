@@ -398,6 +398,12 @@ int executor_init(Executor *x, Backend b, const Graph *optimized, const Graph *u
   }
 }
 
+void executor_share_pool(Executor *x, ThreadPool *pool) {
+  ASSERT(x->backend == BACKEND_EAGER && !x->pool);
+  x->pool = pool;
+  x->pool_shared = true;
+}
+
 void executor_init_api(Executor *x, optc_step *api, const Graph *g, int threads, ThreadPool *pool) {
   memset(x, 0, sizeof *x);
   x->backend = BACKEND_CPU;
@@ -466,7 +472,7 @@ int executor_step(Executor *x, ParamGroup *pg, const StepArgs *args, StepResult 
     return executor_api_step(x, &pg->layout, pg->bufs, args->inputs, NULL, res);
   switch (x->backend) {
   case BACKEND_INTERP: return interp_step(pg->g, &pg->layout, pg->bufs, args, res);
-  case BACKEND_EAGER: return eager_step(pg->g, &pg->layout, pg->bufs, args, res);
+  case BACKEND_EAGER: return eager_run(pg->g, &pg->layout, pg->bufs, args, res, false, x->pool);
   case BACKEND_CPU: return cpu_step(x->cpu, x->pool, pg->g, &pg->layout, pg->bufs, args, res);
   case BACKEND_CUDA: {
     /* The group lives in host memory here: up before the step, back after
@@ -492,7 +498,8 @@ void executor_free(Executor *x) {
   cuda_exec_free(x->cuda_exec);
   cuda_program_free(x->cuda);
   cpu_program_free(x->cpu);
-  pool_free(x->pool);
+  if (!x->pool_shared)
+    pool_free(x->pool);
   memset(x, 0, sizeof *x);
 }
 

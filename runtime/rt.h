@@ -70,7 +70,8 @@ typedef struct {
   Backend backend;
   const Graph *g;        /* the graph this executor runs */
   CpuProgram *cpu;
-  ThreadPool *pool;
+  ThreadPool *pool;      /* cpu: its own; eager: the caller's (executor_share_pool), or NULL: one thread */
+  bool pool_shared;      /* the pool is the caller's: not freed here */
   CudaProgram *cuda;     /* the cuda backend's program, and */
   CudaExec *cuda_exec;   /* its executor, made at the first step (it needs the layout) */
   CompileTimes times;
@@ -88,6 +89,8 @@ int executor_init(Executor *x, Backend b, const Graph *optimized, const Graph *u
  * CPU and CUDA targets; threads as optc_step_run takes them, or the
  * caller's pool (not NULL: the one the model's loops run on), which the
  * step then shares. */
+/* Runs an eager executor's steps on the caller's pool (which outlives it). */
+void executor_share_pool(Executor *x, ThreadPool *pool);
 void executor_init_api(Executor *x, optc_step *api, const Graph *g, int threads, ThreadPool *pool);
 int executor_step(Executor *x, ParamGroup *pg, const StepArgs *args, StepResult *res);
 /* A step of x->api over flat-indexed buffers of layout full (g's buffers:

@@ -719,6 +719,8 @@ static int setup(Trainer *t) {
     executor_init_api(&t->ex, api, t->g, threads, t->pool); /* one pool: the model's and the step's */
   } else if (executor_init(&t->ex, BACKEND_EAGER, t->g, t->unopt, threads, NULL) != 0) {
     return -1;
+  } else {
+    executor_share_pool(&t->ex, t->pool); /* eager too: torch's for-loop runs on all of torch's threads */
   }
   t->inputs = calloc((size_t)t->g->nins + 1, sizeof(double));
   Binding first = {"step", 1};
