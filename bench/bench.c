@@ -646,7 +646,7 @@ int bench_optimizer(int argc, char **argv) {
   inputs_resolve(g, NULL, 0, &first, 1, vals);
   inputs_resolve(unopt, NULL, 0, &first, 1, vals_un);
   Ref sref = graph_find_input(g, "step"), sref_un = graph_find_input(unopt, "step");
-  bool adamw = !strcmp(r->optimizer_name, "adamw");
+  bool adamw = !strcmp(r->optimizer_name, "adamw") || !strcmp(r->optimizer_name, "adamw_fused");
   FusedLayout fl = r->param_dtype == TY_F32 ? FUSED_FP32 : r->state_dtype == TY_F32 ? FUSED_BF16_FP32_STATES : FUSED_BF16;
   bool fused_ok = adamw && r->param_dtype == r->grad_dtype && (r->param_dtype == TY_F32 || r->param_dtype == TY_BF16) &&
                   (r->state_dtype == TY_F32 || r->state_dtype == TY_BF16) && !r->master_weights &&
