@@ -83,14 +83,14 @@ typedef struct {
  * end's graph (eager runs it). threads < 1: one per core. */
 int executor_init(Executor *x, Backend b, const Graph *optimized, const Graph *unoptimized, int threads,
                   const CpuTarget *target);
+/* Runs an eager executor's steps on the caller's pool (which outlives it). */
+void executor_share_pool(Executor *x, ThreadPool *pool);
 /* An executor whose steps run through the public API (include/optc.h), as
  * a library user's do: api (which x takes, and frees) was built from the
  * recipe g was built from, whose buffers and inputs it matches by name.
  * CPU and CUDA targets; threads as optc_step_run takes them, or the
  * caller's pool (not NULL: the one the model's loops run on), which the
  * step then shares. */
-/* Runs an eager executor's steps on the caller's pool (which outlives it). */
-void executor_share_pool(Executor *x, ThreadPool *pool);
 void executor_init_api(Executor *x, optc_step *api, const Graph *g, int threads, ThreadPool *pool);
 int executor_step(Executor *x, ParamGroup *pg, const StepArgs *args, StepResult *res);
 /* A step of x->api over flat-indexed buffers of layout full (g's buffers:
