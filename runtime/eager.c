@@ -648,34 +648,6 @@ static void eval_step_values(Eager *e, int stage) {
   }
 }
 
-/* Whether every element of the grads is finite. */
-static bool grads_finite(const Eager *e) {
-  const Graph *g = e->g;
-  for (int b = 0; b < g->nbufs; b++) {
-    if (g->bufs[b].kind != BUF_GRAD)
-      continue;
-    Type t = (Type)g->bufs[b].type;
-    for (int p = 0; p < e->npieces; p++) {
-      const void *v = piece_ptr(e, b, &e->pieces[p]);
-      int64_t n = e->pieces[p].n;
-      uint32_t bad = 0;
-      if (t == TY_F32) {
-        const uint32_t *u = v;
-        for (int64_t k = 0; k < n; k++) bad |= (u[k] & 0x7f800000u) == 0x7f800000u;
-      } else if (t == TY_BF16) {
-        const uint16_t *u = v;
-        for (int64_t k = 0; k < n; k++) bad |= (u[k] & 0x7f80u) == 0x7f80u;
-      } else {
-        for (int64_t k = 0; k < n && !bad; k++)
-          bad = !isfinite(interp_scalar_to_double(at((Operand){.p = v, .t = t}, k), t));
-      }
-      if (bad)
-        return false;
-    }
-  }
-  return true;
-}
-
 int eager_step(const Graph *g, const GroupLayout *l, void *const *bufs, const StepArgs *args, StepResult *res) {
   return eager_run(g, l, bufs, args, res, false, NULL);
 }
@@ -727,7 +699,7 @@ int eager_run_t(const Graph *g, const GroupLayout *l, void *const *tbufs, const 
   memset(res, 0, sizeof *res);
   bool ok = !args || args->propagate || args->grads_finite != 0;
   if (ok && (!args || (!args->propagate && args->grads_finite < 0)))
-    ok = grads_finite(&e);
+    ok = grads_all_finite(pool, g, l, tbufs);
   if (e.reducer)
     ok = e.reducer->all(e.reducer->ctx, ok);
   int t0 = 0;

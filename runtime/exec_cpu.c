@@ -209,9 +209,12 @@ static void scan_range(void *ctx, int64_t lo, int64_t hi) {
   }
 }
 
-static bool grads_all_finite(ThreadPool *pool, const Graph *g, const GroupLayout *l, void *const *tbufs) {
+bool grads_all_finite(ThreadPool *pool, const Graph *g, const GroupLayout *l, void *const *tbufs) {
   FiniteScan s = {g, l, tbufs, 0};
-  pool_run(pool, scan_range, &s, l->nchunks);
+  if (pool)
+    pool_run(pool, scan_range, &s, l->nchunks);
+  else
+    scan_range(&s, 0, l->nchunks);
   return !s.found;
 }
 
@@ -226,14 +229,14 @@ static bool grads_all_finite(ThreadPool *pool, const Graph *g, const GroupLayout
  * A select, min, max or a divisor could hide it, so they end the trace. */
 static bool norm_checks_grads(const Graph *g) {
   const Plan *p = g->plan;
-  if (p->nphases < 2 || p->phases[0].nwrites > 0)
+  if (p->nphases < 2 || p->phases[0].nwrites > 0 || g->nbufs > 64)
     return false;
   const PlanPhase *ph = &p->phases[0];
   uint64_t all = 0;
-  for (int b = 0; b < g->nbufs && b < 64; b++)
+  for (int b = 0; b < g->nbufs; b++)
     if (g->bufs[b].kind == BUF_GRAD)
       all |= 1ull << b;
-  if (!all || g->nbufs > 64)
+  if (!all)
     return false;
   uint64_t *seen = calloc((size_t)(ph->hi - ph->lo) + 1, sizeof(uint64_t)); /* grads each value passes on */
   ASSERT(seen);

@@ -52,6 +52,10 @@ int pool_size(const ThreadPool *p);
 int pool_default_threads(void);
 /* Calls fn on contiguous parts of [0, total), one per thread, and waits. */
 void pool_run(ThreadPool *p, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx, int64_t total);
+/* Whether no grad buffer of g holds an Inf or a NaN in layout l's chunks
+ * (tbufs: the tensor table, layout_tensor_bufs), in a vector pass on pool
+ * (NULL: this thread). The compiled and the eager executors' check. */
+bool grads_all_finite(ThreadPool *pool, const Graph *g, const GroupLayout *l, void *const *tbufs);
 void pool_free(ThreadPool *p);
 /* One step of a planned graph: each phase over every chunk, the step values
  * and reductions folded between phases on the host. */

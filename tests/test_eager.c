@@ -5,9 +5,11 @@
  * in-place writes and reused temporaries planned once per step; the goldens'
  * tensors are too small to reach that path. Here six optimizers (with the
  * options that change their graphs) x five dtype layouts x clipping off and
- * on run 2 steps on tensors of 1 to 70,001 elements, per tensor (torch's
+ * on run 3 steps on tensors of 1 to 70,001 elements, per tensor (torch's
  * for-loop) and op-major (foreach), and every buffer, the reductions and
- * the skip flag must equal the interpreter's byte for byte. */
+ * the skip flag must equal the interpreter's byte for byte. The third
+ * step's grads hold an Inf in the last element of the 70,001: all three
+ * skip it and write nothing. */
 #include "testlib.h"
 
 /* splitmix64: params in [-1, 1), grads 100x smaller, states small and
@@ -39,6 +41,24 @@ static void fill_group(ParamGroup *pg, uint64_t seed) {
       else
         ((double *)pg->bufs[b])[i] = v;
     }
+  }
+}
+
+/* grad element flat (of the group's flat buffer) = +Inf */
+static void inf_grad(ParamGroup *pg, int64_t flat) {
+  const Graph *g = pg->g;
+  for (int b = 0; b < g->nbufs; b++) {
+    if (g->bufs[b].kind != BUF_GRAD)
+      continue;
+    Type t = (Type)g->bufs[b].type;
+    if (t == TY_F32)
+      ((float *)pg->bufs[b])[flat] = INFINITY;
+    else if (t == TY_BF16)
+      ((uint16_t *)pg->bufs[b])[flat] = 0x7f80;
+    else if (t == TY_F16)
+      ((uint16_t *)pg->bufs[b])[flat] = 0x7c00;
+    else
+      ((double *)pg->bufs[b])[flat] = INFINITY;
   }
 }
 
@@ -88,9 +108,15 @@ int main(void) {
           if (g->ins[i].op == OP_INPUT && g->ins[i].name && !strcmp(g->ins[i].name, "step"))
             step = i;
         }
-        for (int k = 1; k <= 2; k++) {
+        for (int k = 1; k <= 3; k++) {
           if (step != NOREF)
             vals[step] = k;
+          if (k == 3) {
+            int64_t last = pi.layout.offset[1] + sizes[1] - 1;
+            inf_grad(&pi, last);
+            inf_grad(&pe, last);
+            inf_grad(&pf, last);
+          }
           StepArgs a = {vals, -1};
           StepResult ri, re, rf;
           interp_step(g, &pi.layout, pi.bufs, &a, &ri);
@@ -106,6 +132,7 @@ int main(void) {
           CHECK(ri.nred == re.nred && (!ri.nred || !memcmp(ri.red, re.red, sizeof(double) * (size_t)ri.nred)),
                 "%s step %d: the reductions differ", name, k);
           CHECK(ri.skipped == re.skipped && ri.skipped == rf.skipped, "%s step %d: the skip differs", name, k);
+          CHECK(ri.skipped == (k == 3), "%s step %d: skipped %d", name, k, ri.skipped);
         }
         group_free(&pi);
         group_free(&pe);
