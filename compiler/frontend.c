@@ -45,10 +45,15 @@ static bool is_torch_cpu_knob(const char *name) {
 }
 
 TorchCpu torch_cpu_host(void) {
-  /* ATen's AVX512 capability needs F, BW, VL and DQ; MKL's AVX-512 code
-   * path comes with it */
+  /* What differs is MKL's f32 sqrt, and MKL picks its kernels by the CPU's
+   * vendor as well as its features: its AVX-512 path (ATen's AVX512
+   * capability needs F, BW, VL and DQ too) on Intel's CPUs. On one CI
+   * machine torch reported AVX512 and still differed from the AVX-512 model
+   * in every f32 case that takes a square root. This is a guess made
+   * without torch; optc.torch and the tests ask torch itself
+   * (optc.torch.torch_cpu). */
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+  if (__builtin_cpu_is("intel") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
     return TORCH_CPU_AVX512;
   return TORCH_CPU_AVX2;

@@ -67,7 +67,8 @@ typedef enum { NONFINITE_SKIP, NONFINITE_ERROR, NONFINITE_PROPAGATE } NonfiniteM
 
 /* The torch CPU build whose bits a step reproduces: which kernels torch
  * dispatches to (ATen's CPU capability) and which sqrt its MKL computes.
- * `torch_cpu: auto` (the default) is what torch picks on this machine. */
+ * `torch_cpu: auto` (the default) is what torch and MKL pick on this
+ * machine: avx512 on an Intel CPU with AVX-512 F/BW/VL/DQ, else avx2. */
 typedef enum { TORCH_CPU_AVX512, TORCH_CPU_AVX2 } TorchCpu;
 TorchCpu torch_cpu_host(void);
 const char *torch_cpu_name(TorchCpu c);

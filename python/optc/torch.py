@@ -44,6 +44,7 @@ hyperparameter (a float or a 0-dim tensor) never rebuilds one.
 """
 import ctypes
 import math
+import warnings
 
 import torch
 import torch.optim
@@ -74,9 +75,39 @@ _CLIP_NAMES = {_capi.OPTC_CLIP_NONE: "none", _capi.OPTC_CLIP_NORM: "norm", _capi
 _disable_dynamo = getattr(torch, "_disable_dynamo", lambda f: f)
 
 
-def _torch_cpu():
-    """The torch CPU build whose bits to give: what torch runs on here."""
-    return {"AVX512": "avx512", "AVX2": "avx2"}.get(torch.backends.cpu.get_cpu_capability())
+_TORCH_CPU = []
+# Which of the probe's inputs MKL's AVX-512 vsSqrt leaves 1 ulp under IEEE
+# (torch 2.15's MKL on an Intel Xeon; optc's model, compiler/numerics_mkl.h,
+# gives the same 22).
+_MKL_AVX512_LOW = (44, 232, 267, 338, 371, 609, 724, 947, 993, 1009, 1107, 1342, 1416, 1980, 3042, 3078, 3096,
+                   3372, 3478, 3645, 3659, 4074)
+
+
+def torch_cpu():
+    """The recipe's torch_cpu that gives this torch's bits: "avx512" where its
+    f32 sqrt is MKL's AVX-512 one (rsqrt14 and a Newton step, 1 ulp under
+    IEEE on 0.6% of inputs), "avx2" where it is IEEE's, and None where it is
+    neither, which optc does not model.
+
+    torch's CPU capability does not decide it: MKL picks its own kernels, by
+    the CPU's vendor as well as its features. On one CI machine torch
+    reported AVX512 while MKL's sqrt was off IEEE on about a fifth of inputs,
+    as MKL's SSE4.2 path is here (MKL_ENABLE_INSTRUCTIONS=SSE4_2), but not
+    at the same inputs: that path uses the CPU's own approximations. So this
+    asks torch: the square roots of 4096 fixed floats in [1, 4), against
+    IEEE's (math.sqrt's double rounded to f32: exact for sqrt). Asked once
+    per process."""
+    if not _TORCH_CPU:
+        xs = torch.tensor([1.0 + 3.0 * ((k * 0.7548776662466927) % 1.0) for k in range(4096)], dtype=torch.float32)
+        low = tuple(k for k, (x, y) in enumerate(zip(xs.tolist(), torch.sqrt(xs).tolist()))
+                    if ctypes.c_float(math.sqrt(x)).value != y)
+        _TORCH_CPU.append("avx2" if not low else "avx512" if low == _MKL_AVX512_LOW else None)
+        if _TORCH_CPU[0] is None:
+            warnings.warn(f"optc: torch's f32 sqrt on this CPU is neither IEEE's nor MKL's AVX-512 one ({len(low)} "
+                          "of 4096 probe inputs differ from IEEE); optc's f32 for-loop steps that take a square root "
+                          "(Adam, AdamW, RMSprop, Adagrad) use IEEE's and may differ from torch's by 1 ulp",
+                          RuntimeWarning, stacklevel=3)
+    return _TORCH_CPU[0]
 
 
 def _f32_plus_one(v):
@@ -280,7 +311,7 @@ class _OptcOptimizer:
             return prog
         (target, dev, name, pd, sd, fused, _), clip, nonfinite, _ = k
         spec = dict(optimizer=name, param_dtype=pd, grad_dtype=pd, state_dtype=sd, fused=int(fused), clip=clip,
-                    write_back_grads=0, nonfinite=_NONFINITE[nonfinite], torch_cpu=_torch_cpu(), target=target,
+                    write_back_grads=0, nonfinite=_NONFINITE[nonfinite], torch_cpu=torch_cpu() or "avx2", target=target,
                     options=options)
         try:
             if target == _capi.OPTC_TARGET_CUDA:

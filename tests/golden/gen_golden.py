@@ -310,7 +310,8 @@ def recipe_text(case):
 
 
 def torch_cpu():
-    return "avx512" if torch.backends.cpu.get_cpu_capability() == "AVX512" else "avx2"
+    from optc.torch import torch_cpu as probe  # torch's own sqrt decides, not its CPU capability
+    return probe()
 
 
 # ---------------------------------------------------------------- running

@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import run
+from conftest import run, sqrt_marks
 
 N_CASES = int(os.environ.get("OPTC_EXACT_CASES", "48"))
 
@@ -101,7 +101,8 @@ def same_bytes(a, b):
     return int(diff.sum()), diff.nonzero()[:3].flatten().tolist()
 
 
-@pytest.mark.parametrize("case", draw_cases(N_CASES), ids=lambda c: c["id"])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c["id"], marks=sqrt_marks(c["name"], c["dtype"], c["fused"]))
+                                  for c in draw_cases(N_CASES)])
 def test_exec_equals_torch(case, optc_bin, torch_cpu, tmp_path):
     dt = DTYPES[case["dtype"]]
     torch.set_num_threads(case["threads"])

@@ -31,6 +31,7 @@ except ImportError:
         del sys.modules[m]
     import optc.torch as otorch
 import optc._capi as capi
+from conftest import sqrt_marks
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FUSED = {"AdamW", "Adam", "SGD", "Adagrad"}
@@ -238,7 +239,8 @@ def matrix():
         for i, kw in enumerate(opts):
             for dt in DTYPES:
                 for fused in ([False, True] if name in FUSED else [False]):
-                    out.append(pytest.param(name, kw, dt, fused, id=f"{name}-{i}-{dt}{'-fused' if fused else ''}"))
+                    out.append(pytest.param(name, kw, dt, fused, id=f"{name}-{i}-{dt}{'-fused' if fused else ''}",
+                                            marks=sqrt_marks(name, dt, fused)))
     return out
 
 

@@ -38,6 +38,7 @@ def groups_of(m, **extra):
 
 # ---- param groups, add_param_group, mixed dtypes ----------------------------------------------
 
+@pytest.mark.torch_sqrt
 @pytest.mark.parametrize("fused", [False, True])
 def test_param_groups(fused):
     mt, mo = make_models(torch.float32)
@@ -49,6 +50,7 @@ def test_param_groups(fused):
     assert_same_state(ot, oo)
 
 
+@pytest.mark.torch_sqrt
 def test_mixed_dtypes_in_a_group():
     """One group, fp32 and bf16 params: one program per layout."""
     mt, mo = make_models(torch.float32)
@@ -73,6 +75,7 @@ def test_mixed_dtypes_in_a_group():
     assert oo.programs_built == 3
 
 
+@pytest.mark.torch_sqrt
 def test_add_param_group():
     """A group added mid-training starts at step 0: its own run of the step."""
     mt, mo = make_models(torch.float32)
@@ -90,6 +93,7 @@ def test_add_param_group():
     assert oo.state[mo.emb.weight]["step"].item() == 6.0 and oo.state[mo.fc1.weight]["step"].item() == 10.0
 
 
+@pytest.mark.torch_sqrt
 def test_adagrad_add_param_group():
     mt, mo = make_models(torch.float32)
     ot = torch.optim.Adagrad([mt.fc1.weight], initial_accumulator_value=0.1, foreach=False)
@@ -105,6 +109,7 @@ def test_adagrad_add_param_group():
     assert_same_state(ot, oo)
 
 
+@pytest.mark.torch_sqrt
 def test_grads_none_are_skipped():
     """A param without a grad is not stepped and gets no state, as in torch."""
     mt, mo = make_models(torch.float32)
@@ -151,6 +156,7 @@ def test_lr_scheduler(sched):
     assert oo.programs_built == built and capi.step_new_calls == calls, "an lr change rebuilt a program"
 
 
+@pytest.mark.torch_sqrt
 def test_tensor_lr_and_hyperparameter_changes_never_rebuild():
     mt, mo = make_models(torch.float32)
     ot = torch.optim.AdamW(mt.parameters(), lr=torch.tensor(1e-3), foreach=False)
@@ -207,6 +213,7 @@ def scale_cases():
     return {"float": 1 / 37, "tensor": 2 / num_tokens, "one": 1.0}
 
 
+@pytest.mark.torch_sqrt
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("scale", list(scale_cases()))
 @pytest.mark.parametrize("fused", [False, True])
@@ -271,6 +278,7 @@ def clip_run(dtype, groups, max_norm, scale=None, steps=8, give_norm=False, name
     return same
 
 
+@pytest.mark.torch_sqrt
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("groups", [False, True], ids=["one-program", "three-groups"])
 @pytest.mark.parametrize("max_norm", [1e-3, 0.5, 100.0])
@@ -280,18 +288,21 @@ def test_clip_equals_torch(dtype, groups, max_norm):
         assert same >= 1, "optc's norm never had torch's last bits"
 
 
+@pytest.mark.torch_sqrt
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("groups", [False, True], ids=["one-program", "three-groups"])
 def test_clip_given_torch_norm_is_torch_bits(dtype, groups):
     clip_run(dtype, groups, 0.05, give_norm=True)
 
 
+@pytest.mark.torch_sqrt
 @pytest.mark.parametrize("groups", [False, True], ids=["one-program", "three-groups"])
 def test_scale_and_clip(groups):
     clip_run(torch.bfloat16, groups, 0.5, scale=2 / torch.tensor(61), give_norm=True)
     clip_run(torch.float32, groups, 0.5, scale=2 / torch.tensor(61))
 
 
+@pytest.mark.torch_sqrt
 @pytest.mark.parametrize("name,kw", [("SGD", dict(lr=0.1, momentum=0.9)), ("Lion", dict(lr=1e-3)),
                                      ("RMSprop", dict(centered=True)), ("Adagrad", dict())])
 def test_clip_other_optimizers(name, kw):
@@ -316,6 +327,7 @@ def test_clip_mixed_dtypes_norm_is_global():
 
 # ---- state_dict both ways -----------------------------------------------------------------------
 
+@pytest.mark.torch_sqrt
 @pytest.mark.parametrize("name,kw,dtype,fused", [
     ("AdamW", dict(amsgrad=True), torch.float32, False),
     ("AdamW", dict(eps=1e-6), torch.bfloat16, True),
@@ -358,6 +370,7 @@ def test_state_dict_both_ways(name, kw, dtype, fused):
     assert_same_state(oref, ot2)
 
 
+@pytest.mark.torch_sqrt
 def test_pickle_and_deepcopy():
     mt, mo, ot, oo = train_pair("AdamW", dict(weight_decay=0.1), torch.float32, steps=3, nonfinite="skip")
     o2 = copy.deepcopy(oo)
@@ -377,6 +390,7 @@ def poison(m, which):
             m.fc2.bias.grad[1] = float("inf")
 
 
+@pytest.mark.torch_sqrt
 @pytest.mark.parametrize("which", ["nan", "inf"])
 @pytest.mark.parametrize("groups", [False, True], ids=["one-program", "three-groups"])
 def test_nonfinite_propagate_is_torch(which, groups):
@@ -397,6 +411,7 @@ def test_nonfinite_propagate_is_torch(which, groups):
     assert oo.skipped_steps == 0
 
 
+@pytest.mark.torch_sqrt
 @pytest.mark.parametrize("mode", ["skip", "error"])
 @pytest.mark.parametrize("groups", [False, True], ids=["one-program", "three-groups"])
 @pytest.mark.parametrize("clip", [None, 1.0])
@@ -629,6 +644,7 @@ def test_optc_threads_do_not_change_bits(threads):
         otorch.AdamW(m1.parameters(), threads=-1)
 
 
+@pytest.mark.torch_sqrt
 def test_grad_scaler():
     """torch.amp.GradScaler unscales the grads itself (optc's step does not
     take its scale), then steps: as torch's."""
@@ -656,3 +672,23 @@ def test_optc_ir_after_a_step():
     o.fused_step(max_norm=1.0)
     ir = o.optc_ir()
     assert ir.count("// ----- optc program") == 1 and "clip norm" in ir and "grad_norm" in ir
+
+
+def test_torch_cpu_probe():
+    """optc.torch.torch_cpu() names the sqrt this torch computes: IEEE's under
+    "avx2", MKL's AVX-512 one (1 ulp under IEEE on about 0.6% of inputs)
+    under "avx512". Checked on 2^20 other floats than the probe's own."""
+    import numpy as np
+    from optc.torch import torch_cpu
+    x = torch.empty(1 << 20).uniform_(1e-3, 1e3, generator=torch.Generator().manual_seed(7))
+    got = torch.sqrt(x).numpy().view(np.uint32)
+    ieee = np.sqrt(x.numpy()).view(np.uint32)  # numpy's f32 sqrt is IEEE's (sqrtps)
+    off = int((got != ieee).sum())
+    if torch_cpu() == "avx2":
+        assert off == 0, f"torch_cpu() says IEEE, but torch's sqrt differs on {off} of {x.numel()} inputs"
+    elif torch_cpu() is None:
+        assert off > 0, "torch_cpu() says neither IEEE nor MKL's AVX-512, but torch's sqrt is IEEE's here"
+    else:
+        assert torch_cpu() == "avx512"
+        assert 0.002 * x.numel() < off < 0.01 * x.numel(), f"MKL's AVX-512 sqrt differs on ~0.6%, here {off}"
+        assert (got.astype(np.int64) - ieee.astype(np.int64)).max() <= 0, "MKL's sqrt is never above IEEE's"
