@@ -6,10 +6,14 @@ unconditional jump in the same function jumps back to; its body is the
 instructions from the label to that jump (the last such jump), inner labels
 included. For each function (optc_phaseN) it prints, of the innermost loops
 (no other loop starts inside), the one with the most vector (zmm/ymm)
-instructions, the body's instruction count, the vector width
-in f32 lanes (16 for zmm, 8 for ymm) and instructions per element:
+instructions, the body's instruction count, its software prefetches, the
+vector width in f32 lanes (16 for zmm, 8 for ymm), the elements one
+iteration covers (the step of the register its loads index by: 16, optc's
+vector, on both targets, so an AVX2 iteration is two ymm wide) and the
+instructions per element, prefetches left out (they use the load ports,
+not the vector ALUs):
 
-    optc_phase1: loop .LBB1_11: 120 instructions, 16 lanes, 7.50 per element
+    optc_phase1: loop .LBB1_11: 124 instructions, 4 prefetches, 16 lanes, 16 elements, 7.50 per element
 
 With --max F, exits 1 when a phase's figure is above F (--phase N: only that
 phase).
@@ -51,8 +55,14 @@ def loops(lines):
             if best is None or vec > best[2]:
                 best = (label, insns, vec)
         if best:
-            lanes = 16 if any("%zmm" in x for x in best[1]) else 8
-            yield fn, best[0], len(best[1]), lanes
+            insns = best[1]
+            lanes = 16 if any("%zmm" in x for x in insns) else 8
+            index = {m for x in insns for m in re.findall(r"\(%\w*,(%\w+),\d\)", x)}
+            steps = [int(m.group(2)) for x in insns
+                     for m in [re.match(r"^\s+add[ql]\s+\$(-?)(\d+),\s+(%\w+)$", x)]
+                     if m and not m.group(1) and m.group(3) in index]
+            prefetches = sum(x.lstrip().startswith("prefetch") for x in insns)
+            yield fn, best[0], len(insns), prefetches, lanes, steps[0] if len(steps) == 1 else lanes
 
 
 def main():
@@ -62,12 +72,13 @@ def main():
     a = ap.parse_args()
     bad = False
     found = False
-    for fn, label, n, lanes in loops(sys.stdin.read().splitlines()):
+    for fn, label, n, prefetches, lanes, elems in loops(sys.stdin.read().splitlines()):
         if a.phase is not None and fn != f"optc_phase{a.phase}":
             continue
         found = True
-        per = n / lanes
-        print(f"{fn}: loop {label}: {n} instructions, {lanes} lanes, {per:.2f} per element")
+        per = (n - prefetches) / elems
+        print(f"{fn}: loop {label}: {n} instructions, {prefetches} prefetches, {lanes} lanes, {elems} elements, "
+              f"{per:.2f} per element")
         if a.max is not None and per > a.max:
             print(f"{fn}: {per:.2f} instructions per element is above {a.max}")
             bad = True
