@@ -6,9 +6,10 @@ tensors, as `optc bench optimizer` takes it from runtime/inventory.c),
 scaled so that params, grads and AdamW's two states fill --gib GiB (default
 1: no cache holds it). Params ~ U(-1, 1), grads ~ U(-0.01, 0.01).
 
-Four cases: fp32 and bf16 (params, grads and states), each plain and with
-torchtune's scale_grads_ (grads *= world_size / num_tokens) and
-clip_grad_norm_(max_norm=1.0) in front of the step. Competitors:
+Six cases: fp32 and bf16 (params, grads and states), each plain, with
+torchtune's scale_grads_ (grads *= world_size / num_tokens) in front of the
+step (the Scout recipe: clip_grad_norm null), and with scale_grads_ and
+clip_grad_norm_(max_norm=1.0). Competitors:
 
   torch for-loop     torch.optim.AdamW(foreach=False)   (the CPU default)
   torch foreach      foreach=True
@@ -16,7 +17,9 @@ clip_grad_norm_(max_norm=1.0) in front of the step. Competitors:
   torch.compile      torch.compile(opt.step), as torchtune's
                      compile.optimizer_step does it (its compile on a line
                      of its own)
-  optc               optc.torch.AdamW(...).fused_step(grad_scale, max_norm)
+  optc               optc.torch.AdamW(...).fused_step(grad_scale, max_norm):
+                     the for-loop's bits
+  optc fused         the same with fused=True: torch fused=True's bits
 
 torch's scale and clip run eagerly around its step, as in torchtune's
 recipe; optc's run inside its step. Each is timed for --reps steps after
@@ -120,13 +123,15 @@ def cpu_model():
 
 # ---- the run ------------------------------------------------------------------------------------
 
-COMPETITORS = ["for-loop", "foreach", "fused", "compile", "optc"]
+COMPETITORS = ["for-loop", "foreach", "fused", "compile", "optc", "optc-fused"]
 LABELS = {"for-loop": "torch for-loop", "foreach": "torch foreach", "fused": "torch fused=True",
-          "compile": "torch.compile(step)", "optc": "optc fused_step"}
+          "compile": "torch.compile(step)", "optc": "optc fused_step", "optc-fused": "optc fused=True"}
+OPTC = ("optc", "optc-fused")
+CASES = {"plain": "", "scale": " + scale_grads", "scale+clip": " + scale_grads + clip_grad_norm"}
 
 
 def bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out):
-    """One dtype's two cases (plain, and with scale_grads and clip) over
+    """One dtype's three cases (CASES: plain, scale_grads, scale_grads and clip) over
     every competitor, on one set of tensors: printed, and appended to
     out["cases"]."""
     world_size, num_tokens, max_norm = 1, torch.tensor(4096), 1.0
@@ -151,38 +156,40 @@ def bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out):
     def restore():
         torch._foreach_copy_(grads, saved)
 
-    def scale_and_clip():
+    def scale_and_clip(clip):
         # torchtune's recipe: scale_grads_(model, world_size / num_tokens), then clip_grad_norm_
         torch._foreach_mul_(grads, world_size / num_tokens)
-        torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+        if clip:
+            torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
 
-    results = {False: {}, True: {}}
+    results = {c: {} for c in CASES}
     first = {}
     bpe = {}
     for comp in comps:
         gc.collect()
-        if comp == "optc":
+        if comp in OPTC:
             t0 = time.perf_counter()
             built0 = capi.step_new_seconds
-            opt = otorch.AdamW(params, **hyper)
+            opt = otorch.AdamW(params, **hyper, fused=comp == "optc-fused")
             with torch.no_grad():
                 opt.fused_step()
-            first[False] = dict(ms=(time.perf_counter() - t0) * 1e3,
-                                compile_ms=(capi.step_new_seconds - built0) * 1e3)
-            restore()
-            built0 = capi.step_new_seconds
-            t0 = time.perf_counter()
-            opt.fused_step(grad_scale=world_size / num_tokens, max_norm=max_norm)
-            first[True] = dict(ms=(time.perf_counter() - t0) * 1e3,
-                               compile_ms=(capi.step_new_seconds - built0) * 1e3)
-            for clip in (False, True):
-                k = next(k for k in opt._optc_programs if k[1] == (capi.OPTC_CLIP_NORM if clip else
-                                                                    capi.OPTC_CLIP_NONE))
-                bpe[clip] = opt._optc_programs[k].bytes_per_element
-            results[False][comp] = timed(opt.fused_step, args.reps, args.warmup, restore)
-            results[True][comp] = timed(
-                functools.partial(opt.fused_step, grad_scale=world_size / num_tokens, max_norm=max_norm),
-                args.reps, args.warmup, restore)
+            first[comp, "plain"] = dict(ms=(time.perf_counter() - t0) * 1e3,
+                                        compile_ms=(capi.step_new_seconds - built0) * 1e3)
+            steps = {"plain": opt.fused_step,
+                     "scale": functools.partial(opt.fused_step, grad_scale=world_size / num_tokens),
+                     "scale+clip": functools.partial(opt.fused_step, grad_scale=world_size / num_tokens,
+                                                     max_norm=max_norm)}
+            for c in ("scale", "scale+clip"):  # their first steps: the compile of a layout with clip or not
+                restore()
+                built0 = capi.step_new_seconds
+                t0 = time.perf_counter()
+                steps[c]()
+                first[comp, c] = dict(ms=(time.perf_counter() - t0) * 1e3,
+                                      compile_ms=(capi.step_new_seconds - built0) * 1e3)
+            for c in CASES:
+                clip = capi.OPTC_CLIP_NORM if c == "scale+clip" else capi.OPTC_CLIP_NONE
+                bpe[c] = opt._optc_programs[next(k for k in opt._optc_programs if k[1] == clip)].bytes_per_element
+                results[c][comp] = timed(steps[c], args.reps, args.warmup, restore)
             del opt
             continue
         # torchtune's config says fused: False and leaves foreach to torch (the for-loop on the CPU)
@@ -200,40 +207,46 @@ def bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out):
             print(f"  torch.compile(opt.step): first call (its compile) {out['compile_s'][dname]:.1f} s")
             restore()
 
-        def with_clip(step=step):
+        def with_scale(step=step, clip=False):
             with torch.no_grad():
-                scale_and_clip()
+                scale_and_clip(clip)
             step()
 
-        results[False][comp] = timed(step, args.reps, args.warmup, restore)
-        results[True][comp] = timed(with_clip, args.reps, args.warmup, restore)
+        results["plain"][comp] = timed(step, args.reps, args.warmup, restore)
+        results["scale"][comp] = timed(with_scale, args.reps, args.warmup, restore)
+        results["scale+clip"][comp] = timed(functools.partial(with_scale, clip=True), args.reps, args.warmup,
+                                            restore)
         del opt, step
         if comp == "compile":
             torch._dynamo.reset()
 
-    for clip in (False, True):
-        name = dname + (" + scale_grads + clip_grad_norm" if clip else "")
-        res = results[clip]
-        mine = res["optc"]["ms"]
-        print(f"\n  {name}: traffic model {bpe[clip]} B/element "
-              f"({'two passes' if clip else 'one pass'}), {bpe[clip] * total / 1e9:.2f} GB a step")
+    for c in CASES:
+        name = dname + CASES[c]
+        clip = c == "scale+clip"
+        res = results[c]
+        mine = [c for c in OPTC if c in comps]  # the speed-up columns: optc's time over the competitor's
+        print(f"\n  {name}: traffic model {bpe[c]} B/element "
+              f"({'two passes' if clip else 'one pass'}), {bpe[c] * total / 1e9:.2f} GB a step")
         print(f"  {'':22s} {'ms/step':>9s} {'min':>8s} {'max':>8s} {'GB/s':>7s} {'% ceiling':>9s} "
-              f"{'optc speed-up':>13s}")
-        case = dict(dtype=dname, scale_clip=clip, elements=total, tensors=len(sizes), buffer_bytes=buf_bytes,
-                    bytes_per_element=bpe[clip], ceiling_gbs=ceil, results={},
-                    optc_first_step_ms=first[clip]["ms"], optc_compile_ms=first[clip]["compile_ms"])
+              + "".join(f"{'vs ' + LABELS[o]:>19s}" for o in mine))
+        first0 = first[mine[0], c]
+        case = dict(dtype=dname, case=c, scale=c != "plain", clip=clip, elements=total, tensors=len(sizes),
+                    buffer_bytes=buf_bytes, bytes_per_element=bpe[c], ceiling_gbs=ceil, results={},
+                    optc_first_step_ms=first0["ms"], optc_compile_ms=first0["compile_ms"])
         for comp in comps:
             r = res[comp]
-            gbs = bpe[clip] * total / (r["ms"] * 1e-3) / 1e9
-            speed = r["ms"] / mine
+            gbs = bpe[c] * total / (r["ms"] * 1e-3) / 1e9
+            speed = {o: r["ms"] / res[o]["ms"] for o in mine if o != comp}
             case["results"][comp] = dict(r, gbs=gbs, pct_ceiling=100 * gbs / ceil,
-                                         optc_speedup=None if comp == "optc" else speed)
-            sp = "" if comp == "optc" else f"{speed:.1f}x"
+                                         optc_speedup=speed.get("optc"), optc_fused_speedup=speed.get("optc-fused"))
+            sp = "".join(f"{f'{speed[o]:.2f}x' if o in speed else '':>19s}" for o in mine)
             print(f"  {LABELS[comp]:22s} {r['ms']:9.1f} {r['ms_min']:8.1f} {r['ms_max']:8.1f} {gbs:7.1f} "
-                  f"{100 * gbs / ceil:8.0f}% {sp:>13s}")
-        print(f"  optc's first step: {first[clip]['ms']:.1f} ms"
-              f"{' (allocating the states)' if not clip else ''}, of which compiling "
-              f"{first[clip]['compile_ms']:.1f} ms{' (disk cache off)' if not args.warm_cache else ''}")
+                  f"{100 * gbs / ceil:8.0f}% {sp}")
+        for o in mine:
+            f = first[o, c]
+            print(f"  {LABELS[o]}'s first step: {f['ms']:.1f} ms"
+                  f"{' (allocating the states)' if c == 'plain' else ''}, of which compiling "
+                  f"{f['compile_ms']:.1f} ms{' (disk cache off)' if not args.warm_cache else ''}")
         out["cases"].append(case)
 
 
