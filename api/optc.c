@@ -34,6 +34,8 @@ struct optc_step {
   GroupLayout layout; /* of the last run's tensors: the whole group, or the shard's chunks */
   GroupLayout full;   /* a shard's whole group (the reducer's global chunks) */
   bool have_layout, sharded;
+  int64_t *ranges;    /* (2 * nranges) a shard's ranges, as the layout was cut */
+  int nranges;
   void **table;      /* (ntensors * nbufs) the last run's tensor table */
   double *vals;      /* (nins) input values */
 };
@@ -138,6 +140,9 @@ static void drop_layout(optc_step *s) {
     if (s->sharded)
       layout_free(&s->full);
   }
+  free(s->ranges);
+  s->ranges = NULL;
+  s->nranges = 0;
   s->have_layout = s->sharded = false;
 }
 
@@ -463,18 +468,57 @@ int64_t optc_flat_layout(int ntensors, const int64_t *numel, int64_t *offset) {
   return numel && ntensors > 0 ? layout_offsets(ntensors, numel, offset) : 0;
 }
 
-/* The run's layout: kept while the tensors keep their sizes (and a shard its slice). */
+static int64_t chunk_index(const GroupLayout *full, int64_t flat);
+
+int64_t optc_chunk_index(int ntensors, const int64_t *numel, int64_t flat) {
+  if (!numel || ntensors <= 0)
+    return 0;
+  GroupLayout l;
+  layout_init(&l, ntensors, numel);
+  int64_t k = chunk_index(&l, flat);
+  layout_free(&l);
+  return k;
+}
+
+/* A shard's ranges: its own, or [lo, hi) as one. */
+static int shard_ranges(const optc_shard *sh, const int64_t **r, int64_t one[2]) {
+  if (sh->nranges > 0) {
+    *r = sh->ranges;
+    return sh->nranges;
+  }
+  one[0] = sh->lo, one[1] = sh->hi;
+  *r = one;
+  return 1;
+}
+
+static bool same_ranges(const optc_step *s, const optc_shard *sh) {
+  const int64_t *r;
+  int64_t one[2];
+  int n = shard_ranges(sh, &r, one);
+  if (n != s->nranges)
+    return false;
+  return memcmp(r, s->ranges, sizeof(int64_t) * 2 * (size_t)n) == 0;
+}
+
+/* The run's layout: kept while the tensors keep their sizes (and a shard its ranges). */
 static void use_layout(optc_step *s, int n, const int64_t *numel, const optc_shard *sh) {
   bool same = s->have_layout && s->sharded == (sh != NULL) && same_numel(&s->layout, n, numel) &&
-              (!sh || (s->layout.lo == sh->lo && s->layout.hi == sh->hi));
+              (!sh || same_ranges(s, sh));
   if (same)
     return;
   drop_layout(s);
   layout_init(&s->layout, n, numel);
   s->sharded = sh != NULL;
   if (sh) {
+    const int64_t *r;
+    int64_t one[2];
+    int nr = shard_ranges(sh, &r, one);
     layout_init(&s->full, n, numel);
-    layout_restrict(&s->layout, sh->lo, sh->hi);
+    layout_select(&s->layout, nr, r);
+    s->ranges = malloc(sizeof(int64_t) * 2 * (size_t)nr);
+    ASSERT(s->ranges);
+    memcpy(s->ranges, r, sizeof(int64_t) * 2 * (size_t)nr);
+    s->nranges = nr;
   }
   s->have_layout = true;
   free(s->table);
@@ -560,10 +604,30 @@ static optc_status run(optc_step *s, const optc_buffers *b, const optc_shard *sh
   }
   if (sh) {
     int64_t total = optc_flat_layout(n, b->numel, NULL);
-    if (sh->lo < 0 || sh->lo % OPTC_REDUCE_BLOCK != 0 || sh->hi < sh->lo || sh->hi > total)
+    if (sh->nranges < 0 || (sh->nranges > 0 && !sh->ranges))
+      return fail(&c, err, OPTC_ERR_INVALID, "%s: %d ranges but no array", fn, sh->nranges);
+    if (sh->nranges == 0 && (sh->lo < 0 || sh->lo % OPTC_REDUCE_BLOCK != 0 || sh->hi < sh->lo || sh->hi > total))
       return fail(&c, err, OPTC_ERR_INVALID,
                   "%s: slice [%lld, %lld) is not inside the group's %lld flat elements from a multiple of %d", fn,
                   (long long)sh->lo, (long long)sh->hi, (long long)total, OPTC_REDUCE_BLOCK);
+    if (sh->nranges > 0) {
+      GroupLayout probe;
+      layout_init(&probe, n, b->numel);
+      int bad = -1;
+      for (int k = 0; k < sh->nranges && bad < 0; k++) {
+        int64_t lo = sh->ranges[2 * k], hi = sh->ranges[2 * k + 1];
+        if (lo < (k ? sh->ranges[2 * k - 1] : 0) || hi < lo || hi > total || !layout_is_cut(&probe, lo) ||
+            !layout_is_cut(&probe, hi))
+          bad = k;
+      }
+      layout_free(&probe);
+      if (bad >= 0)
+        return fail(&c, err, OPTC_ERR_INVALID,
+                    "%s: range %d [%lld, %lld) is not ascending inside the group's %lld flat elements, or an end "
+                    "cuts a chunk (not a multiple of %d inside a tensor)",
+                    fn, bad, (long long)sh->ranges[2 * bad], (long long)sh->ranges[2 * bad + 1], (long long)total,
+                    OPTC_REDUCE_BLOCK);
+    }
     if (!sh->gather || !sh->all)
       return fail(&c, err, OPTC_ERR_INVALID, "%s: the shard has no %s callback", fn, sh->gather ? "all" : "gather");
     if (s->target != OPTC_TARGET_CPU)

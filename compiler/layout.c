@@ -31,25 +31,45 @@ void layout_init(GroupLayout *l, int n, const int64_t *numel) {
 
 void layout_restrict(GroupLayout *l, int64_t lo, int64_t hi) {
   ASSERT(lo % OPTC_REDUCE_BLOCK == 0 && lo <= hi);
+  int64_t r[2] = {lo, hi};
+  layout_select(l, 1, r);
+}
+
+bool layout_is_cut(const GroupLayout *l, int64_t x) {
+  if (x % OPTC_REDUCE_BLOCK == 0)
+    return true;
+  for (int t = 0; t < l->ntensors; t++) /* inside a tensor, only a block boundary cuts */
+    if (l->offset[t] < x && x < l->offset[t] + l->numel[t])
+      return false;
+  return true;
+}
+
+void layout_select(GroupLayout *l, int nranges, const int64_t *ranges) {
+  ASSERT(nranges >= 1);
+  for (int k = 0; k < nranges; k++)
+    ASSERT(ranges[2 * k] <= ranges[2 * k + 1] && (k == 0 || ranges[2 * k - 1] <= ranges[2 * k]));
   free(l->chunks);
-  l->lo = lo;
-  l->hi = hi;
+  l->lo = ranges[0];
+  l->hi = ranges[2 * nranges - 1];
   /* Count first, then fill: a tensor contributes one chunk per block it
-   * touches inside [lo, hi). */
+   * touches inside a range. */
   int64_t count = 0;
   for (int pass = 0; pass < 2; pass++) {
     int64_t k = 0;
-    for (int t = 0; t < l->ntensors; t++) {
-      int64_t a = MAX(l->offset[t], lo), e = MIN(l->offset[t] + l->numel[t], hi);
-      while (a < e) {
-        int64_t block_end = (a / OPTC_REDUCE_BLOCK + 1) * OPTC_REDUCE_BLOCK;
-        int64_t b = MIN(e, block_end);
-        if (pass == 1)
-          l->chunks[k] = (Chunk){.tensor = t, .block = (int32_t)(a / OPTC_REDUCE_BLOCK),
-                                 .start = a - l->offset[t], .len = b - a, .flat = a,
-                                 .numel = l->numel[t]};
-        k++;
-        a = b;
+    for (int q = 0; q < nranges; q++) {
+      int64_t lo = ranges[2 * q], hi = ranges[2 * q + 1];
+      for (int t = 0; t < l->ntensors; t++) {
+        int64_t a = MAX(l->offset[t], lo), e = MIN(l->offset[t] + l->numel[t], hi);
+        while (a < e) {
+          int64_t block_end = (a / OPTC_REDUCE_BLOCK + 1) * OPTC_REDUCE_BLOCK;
+          int64_t b = MIN(e, block_end);
+          if (pass == 1)
+            l->chunks[k] = (Chunk){.tensor = t, .block = (int32_t)(a / OPTC_REDUCE_BLOCK),
+                                   .start = a - l->offset[t], .len = b - a, .flat = a,
+                                   .numel = l->numel[t]};
+          k++;
+          a = b;
+        }
       }
     }
     if (pass == 0) {

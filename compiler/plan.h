@@ -25,7 +25,7 @@ typedef struct {
   int64_t *offset; /* (ntensors) flat index of each tensor's element 0 */
   int64_t total;   /* flat length: the end of the last tensor, padded to
                       OPTC_TENSOR_ALIGN; flat buffers hold this many */
-  Chunk *chunks;   /* the chunks inside [lo, hi) of the flat buffer */
+  Chunk *chunks;   /* the chunks inside [lo, hi) of the flat buffer (layout_select: of its ranges) */
   int64_t nchunks;
   int64_t lo, hi;
 } GroupLayout;
@@ -40,6 +40,14 @@ void layout_init(GroupLayout *l, int n, const int64_t *numel);
 /* Recuts the chunks to those inside the flat range [lo, hi), e.g. a shard;
  * lo must be a multiple of OPTC_REDUCE_BLOCK. */
 void layout_restrict(GroupLayout *l, int64_t lo, int64_t hi);
+/* The same for the union of nranges ranges [ranges[2k], ranges[2k+1]),
+ * ascending and apart, each end a place that cuts no chunk
+ * (layout_is_cut): a shard that owns a piece of each of several units.
+ * lo and hi become the first range's start and the last one's end. */
+void layout_select(GroupLayout *l, int nranges, const int64_t *ranges);
+/* Whether flat index x is a chunk boundary: a multiple of
+ * OPTC_REDUCE_BLOCK, or outside every tensor's interior. */
+bool layout_is_cut(const GroupLayout *l, int64_t x);
 void layout_free(GroupLayout *l);
 /* The tensor table of flat buffers: for tensor t and graph buffer b, where
  * the tensor's element 0 sits in flat[b] (flat-indexed: element i of

@@ -235,7 +235,20 @@ typedef struct {
                 double *global);
   int (*all)(void *ctx, int local);
   void *ctx;
+  /* A rank that owns a piece of each of several FSDP units (each decoder
+   * layer sharded on its own, as FSDP2 does): nranges > 0 replaces [lo, hi)
+   * with the ranges [ranges[2k], ranges[2k+1]), ascending and apart, each
+   * end a chunk boundary (a multiple of OPTC_REDUCE_BLOCK, or not inside
+   * any tensor), so that every chunk is one rank's. local then holds the
+   * chunks of each range in turn, and `first` is the first one's index:
+   * optc_chunk_index finds where each range's chunks go in global. */
+  int nranges;
+  const int64_t *ranges;
 } optc_shard;
+
+/* The index, among a group's chunks in flat order, of the first chunk at
+ * or after flat index `flat` (the group's chunk count past its end). */
+int64_t optc_chunk_index(int ntensors, const int64_t *numel, int64_t flat);
 
 /* optc_step_run over one rank's slice: b describes the whole group
  * (ntensors and numel of every tensor), its pointers flat-indexed (tensor

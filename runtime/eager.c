@@ -371,6 +371,7 @@ typedef struct {
   int64_t start;   /* first element, counted within the tensor */
   int64_t n;
   int64_t c0, c1;  /* its chunks */
+  int64_t at;      /* its first element among the layout's, pieces end to end (group-wide arrays) */
 } Piece;
 
 typedef struct {
@@ -384,11 +385,12 @@ typedef struct {
   Scalar *step;     /* (nins) step values */
   void **base;      /* (nins) the current piece's first element of each root */
   void **slot_mem;  /* (nslots) temporaries, for the largest piece */
-  void **group_mem; /* (ngroups) group-wide arrays, indexed from the layout's lo */
+  void **group_mem; /* (ngroups) group-wide arrays: the pieces' elements end to end (Piece.at) */
   double *part;     /* (nchunks) reduction partials */
   Piece *pieces;
   int npieces;
   int64_t max_piece;
+  int64_t nelems;   /* the pieces' elements */
 } Eager;
 
 /* Elements per block: a pass runs block by block so that a widened
@@ -592,8 +594,8 @@ static void bind_piece(Eager *e, const Piece *pc) {
       break;
     case AT_GROUP:
       if (!e->group_mem[p->slot[r]])
-        e->group_mem[p->slot[r]] = alloc_arr(e->l->hi - e->l->lo, p->group_size[p->slot[r]]);
-      e->base[r] = elem_ptr(e->group_mem[p->slot[r]], t, pc->flat - e->l->lo);
+        e->group_mem[p->slot[r]] = alloc_arr(e->nelems, p->group_size[p->slot[r]]);
+      e->base[r] = elem_ptr(e->group_mem[p->slot[r]], t, pc->at);
       break;
     }
   }
@@ -691,11 +693,14 @@ int eager_run_t(const Graph *g, const GroupLayout *l, void *const *tbufs, const 
       last->n += ch->len;
       last->c1 = c + 1;
     } else {
-      e.pieces[e.npieces++] = (Piece){ch->tensor, ch->flat, ch->start, ch->len, c, c + 1};
+      e.pieces[e.npieces++] = (Piece){ch->tensor, ch->flat, ch->start, ch->len, c, c + 1, 0};
     }
   }
-  for (int p = 0; p < e.npieces; p++)
+  for (int p = 0; p < e.npieces; p++) {
     e.max_piece = MAX(e.max_piece, e.pieces[p].n);
+    e.pieces[p].at = e.nelems;
+    e.nelems += e.pieces[p].n;
+  }
   memset(res, 0, sizeof *res);
   bool ok = !args || args->propagate || args->grads_finite != 0;
   if (ok && (!args || (!args->propagate && args->grads_finite < 0)))

@@ -10,7 +10,8 @@
  * - clipping: NORM against GIVEN with the norm NORM reported, and
  *   optc.grad_norm's sum of squares;
  * - nonfinite grads: PROPAGATE, SKIP, ERROR;
- * - a sharded group (optc_step_run_shard): 2 and 3 ranks, as threads with
+ * - a sharded group (optc_step_run_shard): 2 and 3 ranks, each owning one
+ *   slice or a piece of each of three units (ranges), as threads with
  *   their own step objects over one flat group, give the one-rank run's
  *   bytes and norm, clipping included, and skip together;
  * - bad input: every one an error code and a message, never an exit. */
@@ -18,6 +19,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -428,6 +430,7 @@ typedef struct {
   const double *part[MAXRANKS]; /* each rank's partials, while a gather runs */
   int64_t npart[MAXRANKS], first[MAXRANKS];
   int flag[MAXRANKS];
+  const optc_shard *sh[MAXRANKS]; /* each rank's shard: where its ranges' chunks go */
 } World;
 
 typedef struct {
@@ -463,6 +466,43 @@ static int rank_gather(void *ctx, const double *local, int64_t first, int64_t nl
   if (at != nglobal * width)
     r->tiled = 0;
   pthread_barrier_wait(&w->bar); /* every rank has read every slot */
+  return 0;
+}
+
+/* The same for ranks that each own a piece of every unit (optc_shard's
+ * ranges): each range's chunks put at optc_chunk_index's place; the places
+ * must tile the group. */
+static int ranges_gather(void *ctx, const double *local, int64_t first, int64_t nlocal, int64_t nglobal, int width,
+                         double *global) {
+  Rank *r = ctx;
+  World *w = r->w;
+  w->part[r->rank] = local;
+  w->npart[r->rank] = nlocal;
+  w->sh[r->rank] = &r->sh;
+  pthread_barrier_wait(&w->bar);
+  char *seen = calloc((size_t)nglobal + 1, 1);
+  int64_t placed = 0;
+  if (optc_chunk_index(SNT, snumel, r->sh.ranges[0]) != first)
+    r->tiled = 0;
+  for (int k = 0; k < w->world; k++) {
+    const optc_shard *sh = w->sh[k];
+    int64_t at = 0;
+    for (int q = 0; q < sh->nranges; q++) {
+      int64_t c0 = optc_chunk_index(SNT, snumel, sh->ranges[2 * q]), c1 = optc_chunk_index(SNT, snumel, sh->ranges[2 * q + 1]);
+      for (int64_t c = c0; c < c1; c++, at++) {
+        if (seen[c]++)
+          r->tiled = 0;
+        memcpy(global + c * width, w->part[k] + at * width, sizeof(double) * (size_t)width);
+        placed++;
+      }
+    }
+    if (at != w->npart[k])
+      r->tiled = 0;
+  }
+  if (placed != nglobal)
+    r->tiled = 0;
+  free(seen);
+  pthread_barrier_wait(&w->bar);
   return 0;
 }
 
@@ -530,8 +570,28 @@ static int flat_equal(const Flat *a, const Flat *b) {
   return 1;
 }
 
-/* Three steps of AdamW with clipping on `world` ranks (0: optc_step_run). */
-static void shard_run(Flat *f, int world, const char *nonfinite, optc_result *last) {
+/* Each rank's ranges when the group is three FSDP units, tensors {0, 1},
+ * {2} and {3, 4}, each sharded on its own as fsdp.c shards them: from the
+ * block below the unit's start, S = its share rounded up to a block. */
+static int unit_ranges(const Flat *f, int world, int rank, int64_t *out) {
+  static const int first[4] = {0, 2, 3, SNT};
+  int n = 0;
+  for (int u = 0; u < 3; u++) {
+    int64_t flo = f->offset[first[u]], fhi = f->offset[first[u + 1] - 1] + snumel[first[u + 1] - 1];
+    int64_t base = flo / OPTC_REDUCE_BLOCK * OPTC_REDUCE_BLOCK;
+    int64_t S = ((fhi - base + world - 1) / world + OPTC_REDUCE_BLOCK - 1) / OPTC_REDUCE_BLOCK * OPTC_REDUCE_BLOCK;
+    int64_t lo = base + S * rank, hi = lo + S;
+    lo = lo < flo ? flo : lo > fhi ? fhi : lo;
+    hi = hi > fhi ? fhi : hi < lo ? lo : hi;
+    if (hi > lo)
+      out[2 * n] = lo, out[2 * n + 1] = hi, n++;
+  }
+  return n;
+}
+
+/* Three steps of AdamW with clipping on `world` ranks (0: optc_step_run);
+ * with units, each rank owns a piece of each of three units. */
+static void shard_run_units(Flat *f, int world, const char *nonfinite, optc_result *last, bool units) {
   optc_spec spec = optc_spec_default("adamw");
   spec.clip = OPTC_CLIP_NORM;
   spec.nonfinite = strcmp(nonfinite, "skip") == 0 ? OPTC_NONFINITE_SKIP : OPTC_NONFINITE_PROPAGATE;
@@ -555,10 +615,16 @@ static void shard_run(Flat *f, int world, const char *nonfinite, optc_result *la
     }
     Rank rk[MAXRANKS];
     pthread_t th[MAXRANKS];
+    int64_t ranges[MAXRANKS][6];
     for (int r = 0; r < n; r++) {
       int64_t lo = S * r, hi = lo + S < f->total ? lo + S : f->total;
       rk[r] = (Rank){.w = &w, .rank = r, .s = s[r], .b = b, .sc = sc, .nsc = 4, .tiled = 1};
       rk[r].sh = (optc_shard){lo, hi > lo ? hi : lo, rank_gather, rank_all, &rk[r]};
+      if (units) {
+        rk[r].sh.nranges = unit_ranges(f, n, r, ranges[r]);
+        rk[r].sh.ranges = ranges[r];
+        rk[r].sh.gather = ranges_gather;
+      }
       pthread_create(&th[r], NULL, rank_main, &rk[r]);
     }
     for (int r = 0; r < n; r++)
@@ -577,6 +643,10 @@ static void shard_run(Flat *f, int world, const char *nonfinite, optc_result *la
     optc_step_free(s[r]);
 }
 
+static void shard_run(Flat *f, int world, const char *nonfinite, optc_result *last) {
+  shard_run_units(f, world, nonfinite, last, false);
+}
+
 static void test_shard(void) {
   Flat one, many;
   optc_result r1, rn;
@@ -584,11 +654,14 @@ static void test_shard(void) {
   shard_run(&one, 0, "propagate", &r1);
   CHECK(r1.grad_norm > 0.5, "the norm clips: %g", r1.grad_norm);
   for (int world = 2; world <= MAXRANKS; world++) {
-    flat_init(&many, 99, -1);
-    shard_run(&many, world, "propagate", &rn);
-    CHECK(flat_equal(&one, &many) && rn.grad_norm == r1.grad_norm && rn.grad_sumsq == r1.grad_sumsq,
-          "%d ranks give one rank's bytes and norm (%.17g vs %.17g)", world, rn.grad_norm, r1.grad_norm);
-    flat_free(&many);
+    for (int units = 0; units < 2; units++) {
+      flat_init(&many, 99, -1);
+      shard_run_units(&many, world, "propagate", &rn, units);
+      CHECK(flat_equal(&one, &many) && rn.grad_norm == r1.grad_norm && rn.grad_sumsq == r1.grad_sumsq,
+            "%d ranks%s give one rank's bytes and norm (%.17g vs %.17g)", world,
+            units ? ", each a piece of three units," : "", rn.grad_norm, r1.grad_norm);
+      flat_free(&many);
+    }
   }
   flat_free(&one);
   /* a NaN grad in the last rank's slice: with SKIP every rank skips, and nothing changes */
@@ -644,6 +717,17 @@ static void test_shard(void) {
   CHECK(optc_step_run_shard(s, &b, &bad, sc, 1, 1, NULL, &err) == OPTC_ERR_INVALID && strstr(err.message, "gather"),
         "no gather: %s", err.message);
   CHECK(optc_step_run_shard(s, &b, NULL, sc, 1, 1, NULL, &err) == OPTC_ERR_INVALID, "no shard: %s", err.message);
+  int64_t cut[4] = {0, 4096, 4096 + 100, 8192}; /* 4196 is inside tensor 2 and off the grid */
+  bad = (optc_shard){0, 0, rank_gather, rank_all, NULL, 2, cut};
+  CHECK(optc_step_run_shard(s, &b, &bad, sc, 1, 1, NULL, &err) == OPTC_ERR_INVALID && strstr(err.message, "range 1"),
+        "a range that cuts a chunk: %s", err.message);
+  int64_t back[4] = {4096, 8192, 0, 4096};
+  bad = (optc_shard){0, 0, rank_gather, rank_all, NULL, 2, back};
+  CHECK(optc_step_run_shard(s, &b, &bad, sc, 1, 1, NULL, &err) == OPTC_ERR_INVALID && strstr(err.message, "range 1"),
+        "ranges out of order: %s", err.message);
+  int64_t between[2] = {f.offset[1], f.offset[2]}; /* tensor 1 alone: its ends cut no chunk */
+  bad = (optc_shard){0, 0, solo_gather, solo_all, NULL, 1, between};
+  CHECK(optc_step_run_shard(s, &b, &bad, sc, 1, 1, NULL, &err) == OPTC_OK, "a range between tensors: %s", err.message);
   flat_free(&f);
   optc_step_free(s);
 }
