@@ -14,6 +14,9 @@
  * 4. Threads: on pools of 2 and 3 threads the loss and every gradient are
  *    the bits of the caller's thread alone, float and double, on batches of
  *    several row blocks, split experts and output-head blocks.
+ * 5. FSDP's hooks: with every unit's params and grads only valid between
+ *    its hooks, the bits of a run without them, in the documented order;
+ *    a failing hook stops the run.
  * Then one timed forward+backward, printed, never asserted.
  * Exits 0 when every check passes. */
 #include <math.h>
@@ -693,6 +696,120 @@ static void thread_checks(void) {
   thread_case("V = 70000, head blocks of 64 rows", v, 2, 100);
 }
 
+/* ---- 5. FSDP's hooks ----------------------------------------------------------------------
+ * A hook that does what FSDP does to the pointers: between a unit's begin
+ * and end its params and grads are copies in buffers of the hook's own,
+ * and outside them the run's pointers point at nothing (NULL), so a read
+ * of a unit outside its hooks crashes. The loss and every gradient must be
+ * the bits of a run without hooks, and the hooks come in the documented
+ * order. */
+typedef struct {
+  const L4Config *c;
+  int n, nunits, first[64];
+  float **params, **grads;     /* the run's pointer arrays */
+  float *const *src;           /* where the params live */
+  float **gacc;                /* where each unit's grads are added up */
+  float **pbuf, **gbuf;        /* (n) the unit's copies while it is in use */
+  char log[512];
+  int fail_at;                 /* the call number that returns -1, or -1 */
+  int calls;
+} HookCtx;
+
+static int hk_begin(void *ctx, int u, L4Pass pass) {
+  HookCtx *h = ctx;
+  size_t len = strlen(h->log);
+  snprintf(h->log + len, sizeof h->log - len, "%s%d ", pass == L4_FORWARD ? "f" : "b", u);
+  if (h->calls++ == h->fail_at)
+    return -1;
+  for (int t = h->first[u]; t < h->first[u + 1]; t++) {
+    L4Tensor tt[1024];
+    l4_tensors(h->c, tt);
+    size_t bytes = sizeof(float) * (size_t)tt[t].numel;
+    if (!h->pbuf[t]) {
+      h->pbuf[t] = xcalloc((size_t)tt[t].numel, sizeof(float));
+      memcpy(h->pbuf[t], h->src[t], bytes);
+    }
+    h->params[t] = h->pbuf[t];
+    if (pass == L4_BACKWARD) {
+      if (!h->gbuf[t])
+        h->gbuf[t] = xcalloc((size_t)tt[t].numel, sizeof(float));
+      h->grads[t] = h->gbuf[t];
+    }
+  }
+  return 0;
+}
+
+static int hk_end(void *ctx, int u, L4Pass pass) {
+  HookCtx *h = ctx;
+  size_t len = strlen(h->log);
+  snprintf(h->log + len, sizeof h->log - len, "%s%d. ", pass == L4_FORWARD ? "F" : "B", u);
+  if (h->calls++ == h->fail_at)
+    return -1;
+  L4Tensor tt[1024];
+  l4_tensors(h->c, tt);
+  for (int t = h->first[u]; t < h->first[u + 1]; t++) {
+    free(h->pbuf[t]);
+    h->pbuf[t] = NULL;
+    h->params[t] = NULL;
+    if (pass == L4_BACKWARD) {
+      for (int64_t i = 0; i < tt[t].numel; i++)
+        h->gacc[t][i] += h->gbuf[t][i];
+      free(h->gbuf[t]);
+      h->gbuf[t] = NULL;
+      h->grads[t] = NULL;
+    }
+  }
+  return 0;
+}
+
+static void hooks_check(void) {
+  printf("hooks:\n");
+  L4Config c = small_config();
+  c.num_layers = 3;
+  Params P = params_create(&c, 0.05);
+  Batches bb;
+  batches_make(&bb, c.vocab_size);
+  char err[256];
+  L4Model *m = l4_create(&c, 2, 10, err, sizeof err);
+  CHECK(m, "%s", err);
+  params_zero_grads(&P);
+  int64_t n0, n1;
+  double want = l4_run(m, P.pf, P.gf, &bb.packed, &n0);
+  HookCtx h = {.c = &c, .n = P.n, .src = P.pf, .fail_at = -1};
+  h.nunits = l4_units(&c, h.first);
+  CHECK(h.nunits == c.num_layers + 2 && h.first[0] == 0 && h.first[h.nunits] == P.n,
+        "units: %d, tensors [%d, %d)", h.nunits, h.first[0], h.first[h.nunits]);
+  h.params = xcalloc((size_t)P.n, sizeof(float *));
+  h.grads = xcalloc((size_t)P.n, sizeof(float *));
+  h.pbuf = xcalloc((size_t)P.n, sizeof(float *));
+  h.gbuf = xcalloc((size_t)P.n, sizeof(float *));
+  h.gacc = xcalloc((size_t)P.n, sizeof(float *));
+  for (int t = 0; t < P.n; t++)
+    h.gacc[t] = xcalloc((size_t)P.t[t].numel, sizeof(float));
+  l4_set_hooks(m, &(L4Hooks){hk_begin, hk_end, &h});
+  double got = l4_run(m, h.params, h.grads, &bb.packed, &n1);
+  CHECK(memcmp(&got, &want, sizeof got) == 0 && n0 == n1, "hooked loss %.17g vs %.17g", got, want);
+  int bad = 0;
+  for (int t = 0; t < P.n; t++)
+    bad += memcmp(h.gacc[t], P.gf[t], sizeof(float) * (size_t)P.t[t].numel) != 0;
+  CHECK(bad == 0, "%d tensors' grads differ from the run without hooks", bad);
+  const char *order = "f0 F0. f1 F1. f2 F2. f3 F3. f4 b4 B4. b3 B3. b2 B2. b1 B1. b0 B0. ";
+  CHECK(strcmp(h.log, order) == 0, "hook order: %s", h.log);
+  h.log[0] = 0;
+  double fwd = l4_run(m, h.params, NULL, &bb.packed, &n1);
+  CHECK(strcmp(h.log, "f0 F0. f1 F1. f2 F2. f3 F3. f4 F4. ") == 0 && isfinite(fwd), "forward alone: %s", h.log);
+  h.log[0] = 0, h.calls = 0, h.fail_at = 5;
+  double stopped = l4_run(m, h.params, h.grads, &bb.packed, &n1);
+  CHECK(isnan(stopped) && strcmp(h.log, "f0 F0. f1 F1. f2 F2. ") == 0, "a failing hook stops the run: %g, %s",
+        stopped, h.log);
+  for (int t = 0; t < P.n; t++)
+    free(h.pbuf[t]), free(h.gbuf[t]), free(h.gacc[t]);
+  free(h.params), free(h.grads), free(h.pbuf), free(h.gbuf), free(h.gacc);
+  l4_free(m);
+  params_free(&P);
+  printf("  %s\n", failures ? "failed" : "ok");
+}
+
 /* ---- timing (printed, never asserted) ----------------------------------------------------- */
 static double now(void) {
   struct timespec ts;
@@ -745,6 +862,7 @@ int main(void) {
   forward_check(&bb);
   contract_checks(&bb);
   thread_checks();
+  hooks_check();
   printf("%s\n", blas_describe(2));
   timing(1, 1);
   timing(1, 2);

@@ -87,6 +87,8 @@ struct L4Model {
   ThreadPool *pool;
   int nslots;
   void *scratch;       /* (nslots, 2, max_seq, max_seq) attention scores per thread */
+  L4Hooks hooks;       /* a sharded caller's, around each unit (l4_set_hooks) */
+  int hooks_failed;    /* a hook returned -1 in this run */
 };
 
 L4Config l4_config_scout(void) {
@@ -283,6 +285,30 @@ static inline float l4_expf(float x) {
   float scale;
   memcpy(&scale, &bits, sizeof scale);
   return q * scale;
+}
+
+/* ---- FSDP units and their hooks ------------------------------------------------ */
+int l4_units(const L4Config *c, int *first) {
+  int L = c->num_layers;
+  if (first) {
+    first[0] = T_EMBED;
+    for (int l = 0; l <= L; l++)
+      first[1 + l] = T_LAYER(c, l);
+    first[L + 2] = T_LM_HEAD(c) + 1;
+  }
+  return L + 2;
+}
+
+void l4_set_hooks(L4Model *m, const L4Hooks *h) { m->hooks = h ? *h : (L4Hooks){0}; }
+
+/* Calls a hook unless one has failed in this run; 0 when the run goes on. */
+static int hook(L4Model *m, int begin, int unit, L4Pass pass) {
+  int (*fn)(void *, int, L4Pass) = begin ? m->hooks.begin : m->hooks.end;
+  if (m->hooks_failed || !fn)
+    return m->hooks_failed ? -1 : 0;
+  if (fn(m->hooks.ctx, unit, pass) != 0)
+    m->hooks_failed = 1;
+  return m->hooks_failed ? -1 : 0;
 }
 
 /* ---- the two precisions ------------------------------------------------------- */

@@ -100,6 +100,35 @@ size_t l4_workspace_bytes_for(const L4Config *c, int max_batch, int max_seq, int
 typedef struct ThreadPool ThreadPool;
 int l4_set_pool(L4Model *m, ThreadPool *pool);
 
+/* ---- FSDP's units --------------------------------------------------------
+ * torchtune's recipe wraps each decoder layer in FSDP, and the model's root
+ * holds the rest: here the embedding is unit 0, layer l is unit 1 + l, and
+ * the final norm with the output projection is unit L + 1. Unit u's tensors
+ * are [first[u], first[u + 1]) in l4_tensors order; returns L + 2 and fills
+ * first (L + 3 entries) when not NULL. */
+int l4_units(const L4Config *c, int *first);
+
+/* What a sharded caller does around each unit's use in a run (l4_set_hooks):
+ * begin gathers the unit's params (and in backward makes its grads ready)
+ * and points the run's params[t] / grads[t] of the unit's tensors at them;
+ * end may free them again, and in backward hands the unit's grads on. The
+ * run reads a unit's params only between its begin and end. Order, for L
+ * layers: forward 0, 1, ..., L; then the head, L + 1, begins its forward
+ * and, with grads, at once its backward (the head's forward and backward
+ * run block by block together), whose end comes before backward L, ...,
+ * 0; a forward alone (grads NULL) ends L + 1 as a forward. With activation
+ * checkpointing a layer's backward recomputes its forward first, inside
+ * the backward's begin and end. A hook returns 0, or -1 to stop the run,
+ * which then returns NaN. */
+typedef enum { L4_FORWARD, L4_BACKWARD } L4Pass;
+typedef struct {
+  int (*begin)(void *ctx, int unit, L4Pass pass);
+  int (*end)(void *ctx, int unit, L4Pass pass);
+  void *ctx;
+} L4Hooks;
+/* The hooks every later run calls (NULL: none, the default). Copied. */
+void l4_set_hooks(L4Model *m, const L4Hooks *h);
+
 /* params[i], grads[i] point at tensor i's data (row-major), in l4_tensors
  * order. Runs forward, and backward when grads is not NULL. Returns the SUM
  * of the token losses, sets *ntokens (when not NULL) to the number of counted

@@ -910,15 +910,23 @@ static double SUF(model_run)(L4Model *m, REAL *const *p, REAL *const *g, const L
   SUF(Acts) a;
   SUF(acts_bind)(m, m->acts, &a);
   SUF(Phase) ph = {.m = m, .a = &a, .bt = bt, .p = p, .g = g, .n = n};
+  /* each FSDP unit between its hooks (l4_set_hooks): the embedding, the
+   * layers, the head */
+  m->hooks_failed = 0;
+  if (hook(m, 1, 0, L4_FORWARD)) return NAN;
   SUF(phase_run)(&ph, 0, NULL, SUF(prologue_rows));
+  if (hook(m, 0, 0, L4_FORWARD)) return NAN;
   SUF(LayerActs) la;
   for (int l = 0; l < L; l++) {
+    if (hook(m, 1, 1 + l, L4_FORWARD)) return NAN;
     la = SUF(layer_acts)(m, &a, l);
     SUF(LayerW) w = SUF(layer_weights)(c, p, l);
     ph.la = &la, ph.w = &w, ph.l = l;
     SUF(layer_forward)(&ph);
+    if (hook(m, 0, 1 + l, L4_FORWARD)) return NAN;
   }
   ph.la = NULL, ph.w = NULL;
+  if (hook(m, 1, L + 1, L4_FORWARD) || (g && hook(m, 1, L + 1, L4_BACKWARD))) return NAN;
 
   /* the head, block by block; the loss summed in token order */
   int hb = (int)head_block_rows((size_t)n, (size_t)V);
@@ -936,22 +944,26 @@ static double SUF(model_run)(L4Model *m, REAL *const *p, REAL *const *g, const L
   for (int t = 0; t < n; t++)
     if (bt->targets[t] != -100) loss += m->row_loss[t], count++;
   if (ntokens) *ntokens = count;
-  if (!g) return loss;
+  if (!g) return hook(m, 0, L + 1, L4_FORWARD) ? NAN : loss;
 
   const REAL *xf = a.res + (size_t)L * m->max_batch * m->max_seq * D;
   ph.ng[ph.nng++] = (SUF(NGrad)){g[T_NORM(c)], a.dln, xf, a.lnf_rstd};
   SUF(phase_run)(&ph, 0, NULL, SUF(final_norm_back_rows));
+  if (hook(m, 0, L + 1, L4_BACKWARD)) return NAN;
   for (int l = L - 1; l >= 0; l--) {
+    if (hook(m, 1, 1 + l, L4_BACKWARD)) return NAN;
     la = SUF(layer_acts)(m, &a, l);
     SUF(LayerW) w = SUF(layer_weights)(c, p, l), gw = SUF(layer_weights)(c, g, l);
     ph.la = &la, ph.w = &w, ph.gw = &gw, ph.l = l;
     SUF(layer_backward)(&ph);
+    if (hook(m, 0, 1 + l, L4_BACKWARD)) return NAN;
   }
   /* the embedding's gradient: rows of a repeated token add in token order */
+  if (hook(m, 1, 0, L4_BACKWARD)) return NAN;
   for (int t = 0; t < n; t++) {
     REAL *ge = g[T_EMBED] + (size_t)bt->tokens[t] * D;
     const REAL *d = a.dres + (size_t)t * D;
     for (int i = 0; i < D; i++) ge[i] += d[i];
   }
-  return loss;
+  return hook(m, 0, 0, L4_BACKWARD) ? NAN : loss;
 }
