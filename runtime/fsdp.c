@@ -1,21 +1,29 @@
-/* fsdp.c: FSDP-style sharding of a parameter group, and the step driver.
+/* fsdp.c: a parameter group sharded over ranks as FSDP2 shards a model, and
+ * its step.
  *
- * The group's tensors lie in one flat buffer per buffer kind. Each of the
- * N ranks owns a contiguous slice of S elements, S a multiple of
- * OPTC_REDUCE_BLOCK (and so of the vector width), the whole padded to N*S:
+ * The group's tensors lie one after another in flat order
+ * (optc_flat_layout), cut into chunks: a tensor's part inside one
+ * OPTC_REDUCE_BLOCK block, where a step's sums are taken. The tensors form
+ * units (what torchtune wraps in FSDP: each decoder layer, the embedding,
+ * the head; optc exec: the whole group), each sharded on its own. Unit u's
+ * span starts at the block of its first element, base_u, and rank r owns
+ * the span's part
  *
- *   flat:  | rank 0: [0, S) | rank 1: [S, 2S) | ... | rank N-1 | padding |
+ *   [base_u + r S_u, base_u + (r + 1) S_u)        S_u a multiple of the block
  *
- * Every rank holds the full params (forward and backward read them) and
- * full grads (backward writes them); the optimizer states exist only for
- * the owned slice. A step, per group:
- *   1. reduce-scatter (sum, in rank order) the grads into the owned slice;
- *   2. (the caller has all-reduced num_tokens into the step's inputs);
- *   3. each phase of the compiled step over the owned slice's chunks, the
- *      step-scope reductions folded from every rank's chunk partials in
- *      global chunk order, so that the bits do not depend on N;
- *   4. all-gather the params.
- * When any rank's grads are non-finite, every rank skips together. */
+ * of which the unit's own elements are its piece. Parts end on block
+ * boundaries, so every chunk is one rank's and the norm's partials, folded
+ * in global chunk order, have the bits of one rank's: no number depends on
+ * the world size or on the units.
+ *
+ * At rest a rank holds, of every buffer (params, reduced grads, each
+ * state), its part of each unit, S_u elements each, one after another: the
+ * shard. A unit's params are all-gathered into a span of world * S_u
+ * elements (flat index x at x - base_u) when the model needs them; its
+ * grads, in such a span, are reduce-scattered (summed in rank order) into
+ * the shard. A step runs over the shard's chunks, on every rank at once,
+ * the step-scope reductions folded from every rank's partials. When any
+ * rank's grads are non-finite, every rank skips together. */
 #include "coll.h"
 #include "rt.h"
 
@@ -37,34 +45,73 @@ static CollType move_type(Type t) { return type_size(t) == 2 ? COLL_BF16 : type_
 
 static void *elem_at(void *p, Type t, int64_t i) { return (char *)p + i * type_size(t); }
 
+static Type buf_type(const Fsdp *f, int b) { return (Type)f->g->bufs[b].type; }
+
+/* Rank r's part of unit u, clipped to the unit's elements: its piece. */
+static void unit_piece(const FsdpUnit *u, int r, int64_t *lo, int64_t *hi) {
+  int64_t a = u->base + u->S * r, b = a + u->S;
+  *lo = MIN(MAX(a, u->flo), u->fhi);
+  *hi = MAX(MIN(b, u->fhi), *lo);
+}
+
+/* The first chunk at or after flat index x. */
+static int64_t chunk_at(const GroupLayout *full, int64_t x) {
+  int64_t lo = 0, hi = full->nchunks;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (full->chunks[mid].flat < x)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 /* ---- the reducer: every rank's chunk partials, in global order ----------------------- */
+
+/* Rank r's chunks: its piece of each unit, in unit order. Fills the
+ * global index of each (when idx is not NULL) and returns their count. */
+static int64_t rank_chunks(const Fsdp *f, int r, int64_t *idx) {
+  int64_t n = 0;
+  for (int u = 0; u < f->nunits; u++) {
+    int64_t lo, hi;
+    unit_piece(&f->units[u], r, &lo, &hi);
+    for (int64_t c = chunk_at(&f->full, lo), e = chunk_at(&f->full, hi); c < e; c++, n++)
+      if (idx)
+        idx[n] = c;
+  }
+  return n;
+}
 
 static int gather_partials(void *ctx, const double *local, int64_t nlocal, int width, double *global) {
   Fsdp *f = ctx;
   int64_t most = 0;
   for (int r = 0; r < f->world; r++)
-    most = MAX(most, f->rank_c0[r + 1] - f->rank_c0[r]);
-  ASSERT(nlocal == f->rank_c0[f->rank + 1] - f->rank_c0[f->rank]);
+    most = MAX(most, f->nchunks_of[r]);
+  ASSERT(nlocal == f->nchunks_of[f->rank]);
   int64_t block = most * width;
   double *send = calloc((size_t)block + 1, sizeof(double));
   double *all = calloc((size_t)(block * f->world) + 1, sizeof(double));
-  ASSERT(send && all);
+  int64_t *idx = malloc(sizeof(int64_t) * (size_t)(most + 1));
+  ASSERT(send && all && idx);
   memcpy(send, local, sizeof(double) * (size_t)(nlocal * width));
   int rc = coll_all_gather(f->coll, send, all, block, COLL_F64);
   for (int r = 0; rc == 0 && r < f->world; r++) {
-    int64_t n = (f->rank_c0[r + 1] - f->rank_c0[r]) * width;
-    memcpy(global + f->rank_c0[r] * width, all + (int64_t)r * block, sizeof(double) * (size_t)n);
+    int64_t n = rank_chunks(f, r, idx);
+    for (int64_t k = 0; k < n; k++)
+      memcpy(global + idx[k] * width, all + (int64_t)r * block + k * width, sizeof(double) * (size_t)width);
   }
   free(send);
   free(all);
+  free(idx);
   return rc;
 }
 
-/* The same, as include/optc.h's optc_shard.gather (first and nglobal are this layout's own). */
+/* The same, as include/optc.h's optc_shard.gather (the ranges are this layout's own). */
 static int api_gather(void *ctx, const double *local, int64_t first, int64_t nlocal, int64_t nglobal, int width,
                       double *global) {
   Fsdp *f = ctx;
-  ASSERT(first == f->rank_c0[f->rank] && nglobal == f->full.nchunks);
+  ASSERT(nglobal == f->full.nchunks && (nlocal == 0 || first == chunk_at(&f->full, f->ranges[0])));
   return gather_partials(ctx, local, nlocal, width, global);
 }
 
@@ -78,7 +125,7 @@ static int all_ranks(void *ctx, int local) {
 
 /* ---- setup ------------------------------------------------------------------------------ */
 
-int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel) {
+int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel, int nunits, const int *first) {
   memset(f, 0, sizeof *f);
   f->coll = coll;
   f->rank = coll_rank(coll);
@@ -90,66 +137,72 @@ int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel) 
     if (g->bufs[b].kind == BUF_GRAD)
       f->gbuf = b;
   }
-  Type gt = (Type)g->bufs[f->gbuf].type, pt = (Type)g->bufs[f->pbuf].type;
+  Type gt = buf_type(f, f->gbuf);
   if (sum_type(gt) == COLL_NTYPES) {
     error("sharded steps sum grads of f32, bf16 or f64, not %s", type_names[gt]);
     return -1;
   }
   layout_init(&f->full, n, numel);
-  int64_t per = (f->full.total + f->world - 1) / f->world;
-  f->S = (per + OPTC_REDUCE_BLOCK - 1) / OPTC_REDUCE_BLOCK * OPTC_REDUCE_BLOCK;
-  f->P = f->S * f->world;
-  f->lo = f->S * f->rank;
-  f->hi = MAX(f->lo, MIN(f->lo + f->S, f->full.total)); /* a trailing rank may own only padding */
-  /* each rank's chunks are a contiguous run of the group's */
-  f->rank_c0 = calloc((size_t)f->world + 1, sizeof(int64_t));
-  ASSERT(f->rank_c0);
-  for (int r = 0, c = 0; r <= f->world; r++) {
-    int64_t start = MIN(f->S * r, f->full.total);
-    while (c < f->full.nchunks && f->full.chunks[c].flat < start)
-      c++;
-    f->rank_c0[r] = c;
+  /* the units: the caller's, or the whole group as one */
+  int whole[2] = {0, n};
+  if (nunits <= 0)
+    nunits = 1, first = whole;
+  ASSERT(first[0] == 0 && first[nunits] == n);
+  f->nunits = nunits;
+  f->units = calloc((size_t)nunits, sizeof(FsdpUnit));
+  f->ranges = calloc((size_t)(2 * nunits) + 1, sizeof(int64_t));
+  ASSERT(f->units && f->ranges);
+  for (int k = 0; k < nunits; k++) {
+    FsdpUnit *u = &f->units[k];
+    ASSERT(first[k] <= first[k + 1]);
+    u->t0 = first[k], u->t1 = first[k + 1];
+    u->flo = u->t0 < n ? f->full.offset[u->t0] : f->full.total;
+    u->fhi = u->t1 > u->t0 ? f->full.offset[u->t1 - 1] + numel[u->t1 - 1] : u->flo;
+    u->base = u->flo / OPTC_REDUCE_BLOCK * OPTC_REDUCE_BLOCK;
+    int64_t per = (u->fhi - u->base + f->world - 1) / f->world;
+    u->S = MAX(1, (per + OPTC_REDUCE_BLOCK - 1) / OPTC_REDUCE_BLOCK) * OPTC_REDUCE_BLOCK;
+    u->at = f->nshard;
+    f->nshard += u->S;
+    f->most = MAX(f->most, u->S * f->world);
+    int64_t lo, hi;
+    unit_piece(u, f->rank, &lo, &hi);
+    if (hi > lo)
+      f->ranges[2 * f->nranges] = lo, f->ranges[2 * f->nranges + 1] = hi, f->nranges++;
   }
-  f->shard.ntensors = n;
-  f->shard.numel = malloc(sizeof(int64_t) * (size_t)(n + 1));
-  f->shard.offset = malloc(sizeof(int64_t) * (size_t)(n + 1));
-  ASSERT(f->shard.numel && f->shard.offset);
-  memcpy(f->shard.numel, f->full.numel, sizeof(int64_t) * (size_t)n);
-  memcpy(f->shard.offset, f->full.offset, sizeof(int64_t) * (size_t)n);
-  f->shard.total = f->full.total;
-  layout_restrict(&f->shard, f->lo, f->hi);
-  ASSERT(f->shard.nchunks == f->rank_c0[f->rank + 1] - f->rank_c0[f->rank]);
+  f->shard = (GroupLayout){0};
+  layout_init(&f->shard, n, numel);
+  if (f->nranges > 0) {
+    layout_select(&f->shard, f->nranges, f->ranges);
+  } else { /* owns nothing: no chunks */
+    free(f->shard.chunks);
+    f->shard.chunks = malloc(sizeof(Chunk));
+    f->shard.nchunks = 0;
+    f->shard.lo = f->shard.hi = 0;
+  }
+  f->nchunks_of = calloc((size_t)f->world + 1, sizeof(int64_t));
+  ASSERT(f->nchunks_of);
+  for (int r = 0; r < f->world; r++)
+    f->nchunks_of[r] = rank_chunks(f, r, NULL);
+  ASSERT(f->nchunks_of[f->rank] == f->shard.nchunks);
 
-  /* memory: full params and grads, the owned slice of everything else (on
-   * one rank, the grads are their own slice) */
+  /* the shard of every buffer, and the tensor table that addresses it */
   f->mem = calloc((size_t)g->nbufs + 1, sizeof(void *));
-  f->bufs = calloc((size_t)g->nbufs + 1, sizeof(void *));
-  ASSERT(f->mem && f->bufs);
-  f->params = coll_mem_alloc(coll, (size_t)f->P * (size_t)type_size(pt));
-  f->grads = coll_mem_alloc(coll, (size_t)f->P * (size_t)type_size(gt));
-  if (!f->params || !f->grads) {
-    error("out of memory for %lld params and grads", (long long)f->P);
-    return -1;
-  }
+  f->table = calloc((size_t)n * (size_t)g->nbufs + 1, sizeof(void *));
+  ASSERT(f->mem && f->table);
   for (int b = 0; b < g->nbufs; b++) {
-    Type t = (Type)g->bufs[b].type;
-    if (b == f->pbuf) {
-      f->bufs[b] = f->params; /* flat-indexed as it is */
-      continue;
-    }
-    if (b == f->gbuf && f->world == 1) {
-      /* one rank's slice is all of it: the reduce-scatter runs in place,
-       * where a slice would be a second copy of the grads */
-      f->bufs[b] = f->grads;
-      continue;
-    }
-    /* the slice, at a pointer that flat indices in [lo, hi) land in */
-    f->mem[b] = coll_mem_alloc(coll, (size_t)(f->S + OPTC_TENSOR_ALIGN) * (size_t)type_size(t));
+    f->mem[b] = coll_mem_alloc(coll, (size_t)(f->nshard + OPTC_TENSOR_ALIGN) * (size_t)type_size(buf_type(f, b)));
     if (!f->mem[b]) {
-      error("out of memory for the slice of '@%s'", g->bufs[b].name);
+      error("out of memory for the shard of '@%s' (%lld elements)", g->bufs[b].name, (long long)f->nshard);
       return -1;
     }
-    f->bufs[b] = elem_at(f->mem[b], t, -f->lo);
+  }
+  for (int k = 0; k < nunits; k++) {
+    const FsdpUnit *u = &f->units[k];
+    int64_t part = u->base + u->S * f->rank; /* flat index of the part's first element */
+    for (int t = u->t0; t < u->t1; t++)
+      for (int b = 0; b < g->nbufs; b++)
+        f->table[(size_t)t * (size_t)g->nbufs + (size_t)b] =
+            elem_at(f->mem[b], buf_type(f, b), u->at - part + f->full.offset[t]);
   }
   f->reducer = (Reducer){&f->full, gather_partials, all_ranks, f};
   return 0;
@@ -159,44 +212,105 @@ void fsdp_free(Fsdp *f) {
   if (f->mem)
     for (int b = 0; b < f->g->nbufs; b++)
       coll_mem_free(f->coll, f->mem[b]);
-  coll_mem_free(f->coll, f->params);
-  coll_mem_free(f->coll, f->grads);
+  coll_mem_free(f->coll, f->grads_in);
   free(f->mem);
-  free(f->bufs);
-  free(f->rank_c0);
+  free(f->table);
+  free(f->units);
+  free(f->ranges);
+  free(f->nchunks_of);
   layout_free(&f->full);
   layout_free(&f->shard);
   memset(f, 0, sizeof *f);
 }
 
-/* ---- a full group in, a full group out ---------------------------------------------------- */
+void *fsdp_part(Fsdp *f, int b, int u) { return elem_at(f->mem[b], buf_type(f, b), f->units[u].at); }
+
+int fsdp_unit_of(const Fsdp *f, int t) {
+  int lo = 0, hi = f->nunits - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (f->units[mid].t0 <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+void fsdp_piece(const Fsdp *f, int t, int64_t *lo, int64_t *hi) {
+  int64_t a, b;
+  unit_piece(&f->units[fsdp_unit_of(f, t)], f->rank, &a, &b);
+  int64_t off = f->full.offset[t];
+  *lo = MIN(MAX(a - off, 0), f->full.numel[t]);
+  *hi = MAX(MIN(b - off, f->full.numel[t]), *lo);
+}
+
+/* ---- a unit's span -------------------------------------------------------------------------- */
+
+int fsdp_gather(Fsdp *f, int u, int b, void *span) {
+  const FsdpUnit *x = &f->units[u];
+  Type t = buf_type(f, b);
+  void *part = fsdp_part(f, b, u);
+  if (f->world == 1) {
+    if (span != part)
+      memcpy(span, part, (size_t)x->S * (size_t)type_size(t));
+    return 0;
+  }
+  return coll_all_gather(f->coll, part, span, x->S, move_type(t));
+}
+
+int fsdp_reduce(Fsdp *f, int u, void *span) {
+  return coll_reduce_scatter_sum(f->coll, span, fsdp_part(f, f->gbuf, u), f->units[u].S,
+                                 sum_type(buf_type(f, f->gbuf)));
+}
+
+/* ---- a full group in, a full group out (optc exec) ------------------------------------------- */
 
 int fsdp_load(Fsdp *f, const ParamGroup *pg, bool contribute_grads) {
   const Graph *g = f->g;
   ASSERT(pg->layout.total == f->full.total);
   for (int b = 0; b < g->nbufs; b++) {
-    Type t = (Type)g->bufs[b].type;
+    Type t = buf_type(f, b);
     size_t es = (size_t)type_size(t);
-    if (b == f->pbuf) {
-      memcpy(f->params, pg->bufs[b], (size_t)f->full.total * es);
-    } else if (b == f->gbuf) {
+    if (b == f->gbuf) {
       /* The file holds the global grads. Rank 0 contributes them to the
        * reduce-scatter; the others contribute -0.0, the additive identity,
-       * so the sum is the file's grads bit for bit. */
-      if (contribute_grads) {
-        memcpy(f->grads, pg->bufs[b], (size_t)f->full.total * es);
-      } else {
-        for (int64_t i = 0; i < f->P; i++) {
-          if (t == TY_F32)
-            ((float *)f->grads)[i] = -0.0f;
+       * so the sum is the file's grads bit for bit. The spans are laid out
+       * unit after unit as the collectives take them. */
+      int64_t n = 0;
+      for (int k = 0; k < f->nunits; k++)
+        n += f->units[k].S * f->world;
+      coll_mem_free(f->coll, f->grads_in);
+      f->grads_in = coll_mem_alloc(f->coll, (size_t)(n + 1) * es);
+      if (!f->grads_in)
+        return -1;
+      char *at = f->grads_in;
+      for (int k = 0; k < f->nunits; k++) {
+        const FsdpUnit *u = &f->units[k];
+        int64_t m = u->S * f->world;
+        for (int64_t i = 0; i < m; i++) {
+          int64_t x = u->base + i;
+          bool mine = contribute_grads && x >= u->flo && x < u->fhi;
+          if (mine)
+            memcpy(at + (size_t)i * es, (char *)pg->bufs[b] + (size_t)x * es, es);
+          else if (t == TY_F32)
+            ((float *)at)[i] = -0.0f;
           else if (t == TY_F64)
-            ((double *)f->grads)[i] = -0.0;
+            ((double *)at)[i] = -0.0;
           else
-            ((uint16_t *)f->grads)[i] = 0x8000;
+            ((uint16_t *)at)[i] = 0x8000;
         }
+        at += (size_t)m * es;
       }
-    } else if (f->hi > f->lo) {
-      memcpy(elem_at(f->bufs[b], t, f->lo), elem_at(pg->bufs[b], t, f->lo), (size_t)(f->hi - f->lo) * es);
+      continue;
+    }
+    for (int k = 0; k < f->nunits; k++) {
+      int64_t lo, hi;
+      unit_piece(&f->units[k], f->rank, &lo, &hi);
+      const FsdpUnit *u = &f->units[k];
+      if (hi > lo)
+        memcpy(elem_at(fsdp_part(f, b, k), t, lo - (u->base + u->S * f->rank)), elem_at(pg->bufs[b], t, lo),
+               (size_t)(hi - lo) * es);
     }
   }
   f->step = pg->step;
@@ -205,56 +319,71 @@ int fsdp_load(Fsdp *f, const ParamGroup *pg, bool contribute_grads) {
 
 int fsdp_store(Fsdp *f, ParamGroup *pg) {
   const Graph *g = f->g;
-  for (int b = 0; b < g->nbufs; b++) {
-    Type t = (Type)g->bufs[b].type;
-    size_t es = (size_t)type_size(t);
+  void *span = NULL;
+  size_t most = 0;
+  for (int b = 0; b < g->nbufs; b++)
+    most = MAX(most, (size_t)type_size(buf_type(f, b)));
+  span = coll_mem_alloc(f->coll, (size_t)(f->most + 1) * most);
+  if (!span)
+    return -1;
+  int rc = 0;
+  for (int b = 0; b < g->nbufs && rc == 0; b++) {
     if (b == f->gbuf)
       continue;
-    void *full = b == f->pbuf ? f->params : coll_mem_alloc(f->coll, (size_t)f->P * es);
-    if (!full)
-      return -1;
-    /* gather the slices of this state */
-    if (b != f->pbuf && coll_all_gather(f->coll, f->mem[b], full, f->S, move_type(t)) != 0) {
-      coll_mem_free(f->coll, full);
-      return -1;
+    Type t = buf_type(f, b);
+    for (int k = 0; k < f->nunits && rc == 0; k++) {
+      const FsdpUnit *u = &f->units[k];
+      rc = fsdp_gather(f, k, b, span);
+      if (rc == 0 && u->fhi > u->flo)
+        memcpy(elem_at(pg->bufs[b], t, u->flo), elem_at(span, t, u->flo - u->base),
+               (size_t)(u->fhi - u->flo) * (size_t)type_size(t));
     }
-    memcpy(pg->bufs[b], full, (size_t)f->full.total * es);
-    if (b != f->pbuf)
-      coll_mem_free(f->coll, full);
   }
+  coll_mem_free(f->coll, span);
   pg->step = f->step;
-  return 0;
+  return rc;
 }
 
 /* ---- the step ----------------------------------------------------------------------------- */
 
 int fsdp_step(Fsdp *f, Executor *x, const double *inputs, StepResult *res) {
   const Graph *g = f->g;
-  Type gt = (Type)g->bufs[f->gbuf].type, pt = (Type)g->bufs[f->pbuf].type;
-  /* 1. grads: the sum of every rank's, into the owned slice */
-  if (coll_reduce_scatter_sum(f->coll, f->grads, f->mem[f->gbuf] ? f->mem[f->gbuf] : f->grads, f->S, sum_type(gt)) != 0)
-    return -1;
-  /* 3. the step over the owned slice. With a step-scope reduction of the
-   * grads (clipping), a non-finite grad shows in it at no cost; without
-   * one, the executor checks the slice it just received. */
+  /* the grads fsdp_load took, summed into every rank's pieces */
+  if (f->grads_in) {
+    char *at = f->grads_in;
+    size_t es = (size_t)type_size(buf_type(f, f->gbuf));
+    for (int k = 0; k < f->nunits; k++) {
+      if (fsdp_reduce(f, k, at) != 0)
+        return -1;
+      at += (size_t)(f->units[k].S * f->world) * es;
+    }
+  }
+  /* the step over the shard. With a step-scope reduction of the grads
+   * (clipping), a non-finite grad shows in it at no cost; without one,
+   * the executor checks the pieces it just received. */
   bool has_step_reduction = false;
   for (int i = 0; i < g->nins; i++)
     has_step_reduction |= g->ins[i].op == OP_REDUCE && g->ins[i].to == SCOPE_STEP;
   StepArgs args = {inputs, has_step_reduction ? 1 : -1, &f->reducer};
   int rc;
-  optc_shard shard = {f->lo, f->hi, api_gather, all_ranks, f};
+  optc_shard shard = {0, 0, api_gather, all_ranks, f, f->nranges, f->ranges};
+  static const int64_t none[2] = {0, 0};
+  if (f->nranges == 0)
+    shard.nranges = 1, shard.ranges = none;
   switch (x->api ? NUM_BACKENDS : x->backend) {
-  case NUM_BACKENDS: rc = executor_api_step(x, &f->full, f->bufs, inputs, &shard, res); break;
-  case BACKEND_INTERP: rc = interp_step(g, &f->shard, f->bufs, &args, res); break;
+  case NUM_BACKENDS: rc = executor_api_step_t(x, &f->full, f->table, inputs, &shard, res); break;
+  case BACKEND_INTERP: rc = interp_step_t(g, &f->shard, f->table, &args, res); break;
   case BACKEND_EAGER: {
     /* eager runs the front end's graph: its buffers and inputs, by name */
-    void **eb = calloc((size_t)x->g->nbufs + 1, sizeof(void *));
+    int n = f->full.ntensors;
+    void **eb = calloc((size_t)n * (size_t)x->g->nbufs + 1, sizeof(void *));
     double *ein = calloc((size_t)x->g->nins + 1, sizeof(double));
     ASSERT(eb && ein);
     for (int b = 0; b < x->g->nbufs; b++) {
       int k = graph_find_buffer(g, x->g->bufs[b].name);
       ASSERT(k >= 0);
-      eb[b] = f->bufs[k];
+      for (int t = 0; t < n; t++)
+        eb[(size_t)t * (size_t)x->g->nbufs + (size_t)b] = f->table[(size_t)t * (size_t)g->nbufs + (size_t)k];
     }
     for (int i = 0; i < x->g->nins; i++)
       if (x->g->ins[i].op == OP_INPUT) {
@@ -263,18 +392,15 @@ int fsdp_step(Fsdp *f, Executor *x, const double *inputs, StepResult *res) {
       }
     StepArgs eargs = args;
     eargs.inputs = ein;
-    rc = eager_run(x->g, &f->shard, eb, &eargs, res, false, x->pool);
+    rc = eager_run_t(x->g, &f->shard, eb, &eargs, res, false, x->pool);
     free(eb);
     free(ein);
     break;
   }
-  case BACKEND_CPU: rc = cpu_step(x->cpu, x->pool, g, &f->shard, f->bufs, &args, res); break;
+  case BACKEND_CPU: rc = cpu_step_t(x->cpu, x->pool, g, &f->shard, f->table, &args, res); break;
   default: error("backend '%s' cannot run a sharded step", backend_names[x->backend]); return -1;
   }
   if (rc != 0)
-    return -1;
-  /* 4. params: every slice to every rank */
-  if (!res->skipped && coll_all_gather(f->coll, elem_at(f->params, pt, f->lo), f->params, f->S, move_type(pt)) != 0)
     return -1;
   if (!res->skipped)
     f->step += 1;

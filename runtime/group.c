@@ -416,6 +416,14 @@ void executor_init_api(Executor *x, optc_step *api, const Graph *g, int threads,
 
 int executor_api_step(Executor *x, const GroupLayout *full, void *const *flat, const double *inputs,
                       const optc_shard *shard, StepResult *res) {
+  void **t = layout_tensor_bufs(full, x->g, flat);
+  int rc = executor_api_step_t(x, full, t, inputs, shard, res);
+  free(t);
+  return rc;
+}
+
+int executor_api_step_t(Executor *x, const GroupLayout *full, void *const *tbufs, const double *inputs,
+                        const optc_shard *shard, StepResult *res) {
   const Graph *g = x->g;
   optc_step *s = x->api;
   int n = full->ntensors, ns = optc_step_num_states(s);
@@ -432,7 +440,7 @@ int executor_api_step(Executor *x, const GroupLayout *full, void *const *flat, c
         k = j;
     matched += k >= 0;
     for (int t = 0; t < n; t++) {
-      void *p = (char *)flat[b] + full->offset[t] * type_size((Type)buf->type);
+      void *p = tbufs[(size_t)t * (size_t)g->nbufs + (size_t)b];
       if (buf->kind == BUF_PARAM)
         param[t] = p;
       else if (buf->kind == BUF_GRAD)

@@ -102,6 +102,9 @@ int executor_step(Executor *x, ParamGroup *pg, const StepArgs *args, StepResult 
  * slice when shard is not NULL. */
 int executor_api_step(Executor *x, const GroupLayout *full, void *const *flat, const double *inputs,
                       const optc_shard *shard, StepResult *res);
+/* The same over a tensor table of g's buffers (layout_tensor_bufs). */
+int executor_api_step_t(Executor *x, const GroupLayout *full, void *const *tbufs, const double *inputs,
+                        const optc_shard *shard, StepResult *res);
 void executor_free(Executor *x);
 
 /* ---- eager.c: torch eager's way of running a step ------------------------------------
@@ -167,8 +170,17 @@ int sched_from_recipe(const Recipe *r, long total_steps, Schedule *out);
 /* The lr of optimizer step `step` (from 1), as torch's LambdaLR gives it. */
 double sched_lr(const Schedule *s, double base_lr, long step);
 
-/* ---- fsdp.c: a sharded parameter group and its step ------------------------------------- */
+/* ---- fsdp.c: a group sharded as FSDP2 shards a model, and its step ---------------------------
+ * The tensors form units, each sharded on its own over the ranks; a rank
+ * holds its part of every unit of every buffer (fsdp.c says how). */
 typedef struct Coll Coll; /* coll.h */
+
+typedef struct {
+  int t0, t1;       /* its tensors [t0, t1) */
+  int64_t flo, fhi; /* its elements' flat range: the first tensor's start, the last one's end */
+  int64_t base, S;  /* its span [base, base + world S): rank r's part [base + r S, base + (r + 1) S) */
+  int64_t at;       /* where this rank's part starts in its shard (elements) */
+} FsdpUnit;
 
 typedef struct {
   Coll *coll;
@@ -176,30 +188,81 @@ typedef struct {
   const Graph *g;       /* the optimized graph, whose buffers these are */
   int pbuf, gbuf;       /* its param and grad buffers */
   GroupLayout full;     /* every tensor of the group */
-  GroupLayout shard;    /* this rank's chunks: flat [lo, hi) */
-  int64_t S, P;         /* slice length (a multiple of OPTC_REDUCE_BLOCK); padded total N*S */
-  int64_t lo, hi;
-  int64_t *rank_c0;     /* (world + 1) each rank's first chunk in full.chunks */
-  void *params;         /* (P) full params: forward and backward read them */
-  void *grads;          /* (P) full grads: backward writes them */
-  void **mem;           /* (nbufs) the owned slice of each other buffer (S elements) */
-  void **bufs;          /* (nbufs) pointers the executors index by flat index */
+  GroupLayout shard;    /* this rank's chunks: its piece of each unit */
+  int nunits;
+  FsdpUnit *units;      /* (nunits) */
+  int64_t nshard;       /* a shard's elements: the units' S, summed */
+  int64_t most;         /* the largest span, world * S */
+  int64_t *ranges;      /* (2 * nranges) this rank's pieces, ascending: what its step runs */
+  int nranges;
+  int64_t *nchunks_of;  /* (world) each rank's chunks */
+  void **mem;           /* (nbufs) this rank's shard of each buffer: unit u's part at units[u].at */
+  void **table;         /* (ntensors * nbufs) tensor t's element 0 of buffer b, for the shard's elements */
+  void *grads_in;       /* fsdp_load's whole grads as spans, reduced by every fsdp_step (optc exec) */
   Reducer reducer;      /* chunk partials across ranks, in global order */
   double step;
 } Fsdp;
 
-/* Lays out n tensors over the ranks of coll and allocates. The caller frees with fsdp_free. */
-int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel);
+/* Lays out n tensors in units (unit u: tensors [first[u], first[u + 1]);
+ * nunits 0: the group is one) over the ranks of coll and allocates the
+ * shards, zeroed. The caller frees with fsdp_free. */
+int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel, int nunits, const int *first);
 void fsdp_free(Fsdp *f);
-/* From a whole group (every rank holds the same): params, this rank's
- * slices of the states, and the grads, which only the rank with
- * contribute_grads adds in (the others add -0.0, so the sum is exact). */
+/* This rank's part of unit u in buffer b: units[u].S elements. */
+void *fsdp_part(Fsdp *f, int b, int u);
+/* The unit of tensor t, and the elements [lo, hi) of it this rank holds. */
+int fsdp_unit_of(const Fsdp *f, int t);
+void fsdp_piece(const Fsdp *f, int t, int64_t *lo, int64_t *hi);
+/* Every rank's part of unit u of buffer b into span (world * S elements,
+ * flat index x at span[x - base]); one rank: a copy unless span is the
+ * part. Collective. */
+int fsdp_gather(Fsdp *f, int u, int b, void *span);
+/* The rank-order sum of every rank's grads span of unit u into this rank's
+ * part of the reduced grads; in place on one rank when span is the part.
+ * Collective. */
+int fsdp_reduce(Fsdp *f, int u, void *span);
+/* From a whole group (every rank holds the same): each rank's pieces of the
+ * params and states, and the grads, which only the rank with
+ * contribute_grads adds in (the others add -0.0, so the sum is exact),
+ * reduced into the pieces by every fsdp_step. */
 int fsdp_load(Fsdp *f, const ParamGroup *pg, bool contribute_grads);
 /* Gathers params and states back into a whole group on every rank. */
 int fsdp_store(Fsdp *f, ParamGroup *pg);
-/* One step: reduce-scatter the grads, run x over the owned slice with the
- * reductions folded across ranks, all-gather the params. */
+/* One step of x over every rank's pieces, the reductions folded across
+ * ranks; the grads are in the shard (after fsdp_load: reduced first). */
 int fsdp_step(Fsdp *f, Executor *x, const double *inputs, StepResult *res);
+
+/* ---- fsdp_run.c: a model's units over a sharded group ---------------------------------------
+ * The model's hooks (llama4.h) doing what FSDP2 does around each wrapped
+ * module: a unit's params gathered before its use and freed after, its
+ * grads reduce-scattered after its backward (fsdp_run.c says when). */
+typedef struct FsdpRun FsdpRun;
+typedef struct {
+  bool reshard_after_forward; /* torchtune's fsdp_reshard_after_forward: free a unit's params after its forward */
+  bool training;              /* a forward is followed by its backward (false: every forward frees) */
+} FsdpRunOptions;
+typedef struct {
+  long gathers, reduces;           /* units gathered and reduced */
+  double gathered_bytes, reduced_bytes;
+  double gather_s, reduce_s;       /* seconds in them, widening and rounding included */
+  int spans_wide, spans_narrow;    /* spans held at once, at most: f32 and 16-bit */
+  double span_bytes;               /* their bytes */
+} FsdpRunStats;
+/* Over f (whose units are the model's, l4_units). The caller frees with fsdp_run_free. */
+FsdpRun *fsdp_run_create(Fsdp *f, const FsdpRunOptions *o);
+void fsdp_run_free(FsdpRun *r);
+/* The hooks for l4_set_hooks, and the params and grads arrays for l4_run,
+ * which the hooks point into the spans of the units in use. */
+L4Hooks fsdp_run_hooks(FsdpRun *r);
+float *const *fsdp_run_params(FsdpRun *r);
+float *const *fsdp_run_grads(FsdpRun *r);
+/* Before each micro-batch's run: its index of the step's nmicro (the
+ * grads are zeroed on the first and reduced on the last). */
+void fsdp_run_micro(FsdpRun *r, int micro, int nmicro);
+void fsdp_run_set_training(FsdpRun *r, bool training);
+/* A collective or an allocation failed in a hook (the run returned NaN). */
+bool fsdp_run_failed(const FsdpRun *r);
+FsdpRunStats fsdp_run_stats(const FsdpRun *r);
 
 /* ---- launch.c: --nproc ---------------------------------------------------------------------- */
 /* Runs `mpirun -np nproc optc ARGS... --mpi-rank` and returns its exit

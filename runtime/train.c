@@ -2,17 +2,20 @@
  * the optimizer step compiled (compile.optimizer_step) or eager.
  *
  *   for each step:
- *     zero_grad; for each of gradient_accumulation_steps micro-batches:
- *       forward + backward (summed CE: grads of the summed loss accumulate)
+ *     for each of gradient_accumulation_steps micro-batches:
+ *       forward + backward (summed CE: grads of the summed loss accumulate),
+ *       unit by unit as FSDP2 runs a model (fsdp_run.c): each unit's params
+ *       all-gathered before its use and freed after, its grads
+ *       reduce-scattered after its backward on the last micro-batch
  *     all-reduce the loss sum and the non-ignored token count
- *     the FSDP step: reduce-scatter the grads, scale_grads by 1/num_tokens
- *       (the reduce-scatter sums), clip_grad_norm, the optimizer, all-gather
+ *     the step over this rank's shard: scale_grads by 1/num_tokens (the
+ *       reduce-scatter sums), clip_grad_norm, the optimizer
  *     log: loss, lr, grad norm, tokens_per_second_per_gpu, peak memory
  *     checkpoint every save_every_n_steps and at the end
  *
- * Every rank holds the full params for forward and backward and its slice
- * of the optimizer states; the step's bits do not depend on the world size
- * given the same summed gradients. */
+ * A rank holds its shard of the params, the reduced grads and the optimizer
+ * states (fsdp.c), and of the whole model only the units in use; the bits do
+ * not depend on the world size given the same summed gradients. */
 #include "../compiler/passes.h"
 #include "blas.h"
 #include "coll.h"
@@ -51,8 +54,7 @@ typedef struct {
   ThreadPool *pool; /* the model's phases; the BLAS runs single-threaded inside them */
   int ntensors;
   L4Tensor *tensors;
-  float **p32, **g32;  /* (ntensors) the model's views: into f.params/f.grads when fp32, else working copies */
-  float *pwork, *gwork; /* f32 working copies when params/grads are bf16 */
+  FsdpRun *run;       /* the model's units over f: its hooks, and the params and grads it runs with */
   Tokenizer tok;
   Dataset *data;
   DataLoader *train, *heldout;
@@ -179,64 +181,82 @@ static const char *hf_prefix(const Trainer *t) { return t->multimodal ? "languag
 
 static bool is_opt_buf(const Buffer *b) { return b->kind != BUF_PARAM && b->kind != BUF_GRAD; }
 
-/* The optimizer states of a checkpoint, gathered while rank 0 writes them.
- * optimizer.safetensors holds each state's tensors in flat order, state
- * after state, so the writer wants rank 0's slice of the first state, then
- * rank 1's, ..., then the next state's: each slice one broadcast from its
- * rank, into one slice of scratch. The other ranks run the same schedule
- * of broadcasts (gather_finish), and so does rank 0 after the writer,
- * whatever it managed, so no rank waits for one that stopped. Every rank
- * holds one slice beyond its own, never all the states. */
+/* The params and the optimizer states of a checkpoint, gathered while
+ * rank 0 writes them. The writer asks for the params tensor by tensor in
+ * its files' order (ckpt_write_model's: shards in order, tensors in order
+ * within each), then for optimizer.safetensors' tensors, state after
+ * state. Each tensor is pieces of its unit held by the ranks in rank order
+ * (fsdp.c); each piece comes by one broadcast from its rank, into one
+ * piece of scratch. The other ranks run the same schedule of broadcasts
+ * (gather_finish), and so does rank 0 after the writer, whatever it
+ * managed, so no rank waits for one that stopped. Every rank holds at
+ * most one unit's part beyond its own shard, never the model or all the
+ * states. */
+typedef struct {
+  int b, t, r;       /* buffer b's elements of tensor t that rank r holds */
+  int64_t lo, hi;    /* flat */
+} GatherPiece;
+
 typedef struct {
   Trainer *t;
-  int nbufs, bufs[16]; /* the optimizer's buffers, in file order */
-  int k, r;            /* the next broadcast: bufs[k] from rank r (k == nbufs: all done) */
-  int cur_k, cur_r;    /* the slice in hand, and its bytes */
-  const char *cur;
+  GatherPiece *sched;  /* the broadcasts, in order */
+  int n, next;         /* next: the first not done */
   void *scratch;
   bool failed;         /* a broadcast failed: no more */
 } Gather;
 
-static int gather_next(Gather *gs) {
+/* Appends buffer b's pieces of tensor i, in rank order. */
+static void gather_plan(Gather *gs, int b, int i) {
+  Fsdp *f = &gs->t->f;
+  int u = fsdp_unit_of(f, i);
+  const FsdpUnit *x = &f->units[u];
+  int64_t a = f->full.offset[i], e = a + f->full.numel[i];
+  for (int r = 0; r < f->world; r++) {
+    int64_t lo = MAX(a, x->base + x->S * r), hi = MIN(e, x->base + x->S * (r + 1));
+    if (hi > lo)
+      gs->sched[gs->n++] = (GatherPiece){b, i, r, lo, hi};
+  }
+}
+
+/* Broadcasts the next piece; returns where it is. */
+static const char *gather_next(Gather *gs) {
   Trainer *t = gs->t;
   Fsdp *f = &t->f;
-  int b = gs->bufs[gs->k];
-  size_t slice = (size_t)f->S * (size_t)type_size((Type)t->g->bufs[b].type);
-  void *buf = gs->r == t->rank ? f->mem[b] : gs->scratch;
-  if (t->world > 1 && coll_broadcast(t->coll, buf, (int64_t)slice, gs->r) != 0) {
+  const GatherPiece *p = &gs->sched[gs->next];
+  Type ty = (Type)t->g->bufs[p->b].type;
+  size_t es = (size_t)type_size(ty);
+  const FsdpUnit *x = &f->units[fsdp_unit_of(f, p->t)];
+  char *own = (char *)fsdp_part(f, p->b, fsdp_unit_of(f, p->t)) + (size_t)(p->lo - (x->base + x->S * p->r)) * es;
+  char *buf = p->r == t->rank ? own : gs->scratch;
+  if (t->world > 1 && coll_broadcast(t->coll, buf, (p->hi - p->lo) * (int64_t)es, p->r) != 0) {
     gs->failed = true;
-    return -1;
+    return NULL;
   }
-  gs->cur_k = gs->k, gs->cur_r = gs->r, gs->cur = buf;
-  if (++gs->r == t->world)
-    gs->r = 0, gs->k++;
-  return 0;
+  gs->next++;
+  return buf;
 }
 
 static void gather_finish(Gather *gs) {
-  while (!gs->failed && gs->k < gs->nbufs)
+  while (!gs->failed && gs->next < gs->n)
     gather_next(gs);
 }
 
-/* StView.fill for view number j (src_index): state bufs[j / ntensors] of tensor j % ntensors. */
+/* StView.fill for view src_index = b * ntensors + i: buffer b of tensor i,
+ * whose pieces are the schedule's next ones. */
 static int gather_fill(void *ctx, const StView *v, FILE *out) {
   Gather *gs = ctx;
   Trainer *t = gs->t;
-  Fsdp *f = &t->f;
-  int j = v->src_index, k = j / t->ntensors, i = j % t->ntensors;
+  int b = v->src_index / t->ntensors, i = v->src_index % t->ntensors;
   size_t es = (size_t)type_size(v->dtype);
-  int64_t pos = f->full.offset[i], end = pos + t->tensors[i].numel;
-  while (pos < end) {
-    /* the slice that holds pos: the slices come in file order, so it is the one in hand or a later one */
-    while (!gs->cur || gs->cur_k < k || (gs->cur_k == k && (gs->cur_r + 1) * f->S <= pos))
-      if (gs->failed || gs->k >= gs->nbufs || gather_next(gs) != 0)
-        return -1;
-    int64_t lo = gs->cur_r * f->S, n = MIN(end, lo + f->S) - pos;
-    ASSERT(gs->cur_k == k && pos >= lo && n > 0);
-    if (fwrite(gs->cur + (size_t)(pos - lo) * es, es, (size_t)n, out) != (size_t)n)
+  int64_t done = 0;
+  while (gs->next < gs->n && gs->sched[gs->next].b == b && gs->sched[gs->next].t == i) {
+    int64_t n = gs->sched[gs->next].hi - gs->sched[gs->next].lo;
+    const char *p = gs->failed ? NULL : gather_next(gs);
+    if (!p || fwrite(p, es, (size_t)n, out) != (size_t)n)
       return -1;
-    pos += n;
+    done += n;
   }
+  ASSERT(done == t->f.full.numel[i]); /* the writer asked in the planned order */
   return 0;
 }
 
@@ -244,14 +264,46 @@ static int save_checkpoint(Trainer *t) {
   const Graph *g = t->g;
   Fsdp *f = &t->f;
   Gather gs = {.t = t};
-  for (int b = 0; b < g->nbufs; b++)
-    if (is_opt_buf(&g->bufs[b])) {
-      ASSERT(gs.nbufs < (int)ARRAY_LEN(gs.bufs));
-      gs.bufs[gs.nbufs++] = b;
-    }
+  char tmp[4200], dir[4200], path[4300];
+  snprintf(tmp, sizeof tmp, "%s/.step_%ld.tmp.%ld", t->ckpt_dir, t->step, (long)getpid());
+  snprintf(dir, sizeof dir, "%s/step_%ld", t->ckpt_dir, t->step);
+  int nviews = t->ntensors + (t->have_src ? ckpt_dir_others(&t->src, hf_prefix(t), NULL) : 0);
+  int nopt = t->ntensors * (g->nbufs + 1);
+  StView *views = calloc((size_t)MAX(nviews, nopt) + 1, sizeof(StView));
+  char (*names)[256] = calloc((size_t)MAX(nviews, nopt) + 1, 256);
+  int64_t *nbytes = calloc((size_t)nviews + 1, sizeof(int64_t));
+  int *shard_of = calloc((size_t)nviews + 1, sizeof(int));
+  gs.sched = calloc((size_t)t->ntensors * (size_t)g->nbufs * (size_t)t->world + 1, sizeof(GatherPiece));
+  ASSERT(views && names && nbytes && shard_of && gs.sched);
+  /* the model's views, on every rank: the order the writer fills them in
+   * is the order of the broadcasts */
+  Type pt = (Type)g->bufs[f->pbuf].type;
+  for (int i = 0; i < t->ntensors; i++) {
+    const L4Tensor *lt = &t->tensors[i];
+    snprintf(names[i], sizeof names[i], "%s%s", hf_prefix(t), lt->name);
+    views[i] = (StView){.name = names[i], .dtype = pt, .ndim = lt->ndim, .src_index = f->pbuf * t->ntensors + i,
+                        .fill = gather_fill, .fill_ctx = &gs};
+    memcpy(views[i].shape, lt->shape, sizeof(int64_t) * (size_t)lt->ndim);
+  }
+  if (t->have_src) /* a multimodal checkpoint's vision tower and projector, unchanged */
+    ckpt_dir_others(&t->src, hf_prefix(t), views + t->ntensors);
+  for (int i = 0; i < nviews; i++) {
+    nbytes[i] = type_size(views[i].dtype);
+    for (int k = 0; k < views[i].ndim; k++)
+      nbytes[i] *= views[i].shape[k];
+  }
+  int ns = MAX(1, ckpt_plan_shards(nbytes, nviews, t->ck.max_shard_size, shard_of));
+  for (int sh = 0; sh < ns; sh++)
+    for (int i = 0; i < t->ntensors; i++)
+      if (shard_of[i] == sh)
+        gather_plan(&gs, f->pbuf, i);
+  for (int b = 0; b < g->nbufs; b++) /* optimizer.safetensors: state-major */
+    if (is_opt_buf(&g->bufs[b]))
+      for (int i = 0; i < t->ntensors; i++)
+        gather_plan(&gs, b, i);
   size_t most = 0;
-  for (int k = 0; k < gs.nbufs; k++)
-    most = MAX(most, (size_t)f->S * (size_t)type_size((Type)g->bufs[gs.bufs[k]].type));
+  for (int k = 0; k < gs.n; k++)
+    most = MAX(most, (size_t)(gs.sched[k].hi - gs.sched[k].lo) * (size_t)type_size((Type)g->bufs[gs.sched[k].b].type));
   int64_t short_of_memory = 0;
   if (t->world > 1) { /* every rank goes on, or none does */
     gs.scratch = coll_mem_alloc(t->coll, most + 1);
@@ -261,19 +313,12 @@ static int save_checkpoint(Trainer *t) {
   }
   int rc = 0;
   if (short_of_memory || gs.failed) {
-    error("%s gathering the optimizer states for the checkpoint", gs.failed ? "a collective failed" : "out of memory");
-    coll_mem_free(t->coll, gs.scratch);
-    return -1;
+    error("%s gathering the model and its optimizer states for the checkpoint",
+          gs.failed ? "a collective failed" : "out of memory");
+    rc = -1;
+    goto out;
   }
-  char tmp[4200], dir[4200], path[4300];
-  snprintf(tmp, sizeof tmp, "%s/.step_%ld.tmp.%ld", t->ckpt_dir, t->step, (long)getpid());
-  snprintf(dir, sizeof dir, "%s/step_%ld", t->ckpt_dir, t->step);
-  int nviews = t->ntensors + (t->have_src ? ckpt_dir_others(&t->src, hf_prefix(t), NULL) : 0);
-  int nopt = t->ntensors * (g->nbufs + 1);
-  StView *views = calloc((size_t)MAX(nviews, nopt) + 1, sizeof(StView));
-  char (*names)[256] = calloc((size_t)MAX(nviews, nopt) + 1, 256);
-  ASSERT(views && names);
-  if (rc != 0 || t->rank != 0)
+  if (t->rank != 0)
     goto out;
   mkdir_p(t->ckpt_dir);
   ckpt_clean_stale(t->ckpt_dir);
@@ -284,16 +329,6 @@ static int save_checkpoint(Trainer *t) {
     goto out;
   }
   /* the model */
-  Type pt = (Type)g->bufs[f->pbuf].type;
-  for (int i = 0; i < t->ntensors; i++) {
-    const L4Tensor *lt = &t->tensors[i];
-    snprintf(names[i], sizeof names[i], "%s%s", hf_prefix(t), lt->name);
-    views[i] = (StView){.name = names[i], .dtype = pt, .ndim = lt->ndim,
-                        .data = (char *)f->params + (size_t)f->full.offset[i] * (size_t)type_size(pt)};
-    memcpy(views[i].shape, lt->shape, sizeof(int64_t) * (size_t)lt->ndim);
-  }
-  if (t->have_src) /* a multimodal checkpoint's vision tower and projector, unchanged */
-    ckpt_dir_others(&t->src, hf_prefix(t), views + t->ntensors);
   rc = ckpt_write_model(tmp, views, nviews, t->ck.max_shard_size, NULL);
   /* config.json: torchtune copies checkpoint_dir's small files */
   if (rc == 0 && t->hf_config) {
@@ -307,13 +342,12 @@ static int save_checkpoint(Trainer *t) {
   /* the optimizer */
   int n = 0;
   float stepf = (float)f->step;
-  for (int k = 0; k < gs.nbufs; k++) /* state-major: the order the slices come in */
-    for (int i = 0; i < t->ntensors; i++) {
+  for (int b = 0; b < g->nbufs; b++) /* state-major: the order the pieces come in */
+    for (int i = 0; i < t->ntensors && is_opt_buf(&g->bufs[b]); i++) {
       const L4Tensor *lt = &t->tensors[i];
-      int b = gs.bufs[k];
       snprintf(names[n], sizeof names[n], "%s.%s", lt->name, g->bufs[b].name);
       views[n] = (StView){.name = names[n], .dtype = (Type)g->bufs[b].type, .ndim = lt->ndim,
-                          .src_index = k * t->ntensors + i, .fill = gather_fill, .fill_ctx = &gs};
+                          .src_index = b * t->ntensors + i, .fill = gather_fill, .fill_ctx = &gs};
       memcpy(views[n].shape, lt->shape, sizeof(int64_t) * (size_t)lt->ndim);
       n++;
     }
@@ -357,12 +391,15 @@ out:
   if (gs.failed)
     rc = -1;
   coll_mem_free(t->coll, gs.scratch);
+  free(gs.sched);
   free(views);
   free(names);
+  free(nbytes);
+  free(shard_of);
   return rc;
 }
 
-/* This rank's slice [lo, hi) of each optimizer state, and the step, from
+/* This rank's pieces of each optimizer state, and the step, from
  * DIR/optimizer.safetensors. */
 static int load_optimizer(Trainer *t, const char *dir) {
   const Graph *g = t->g;
@@ -380,15 +417,15 @@ static int load_optimizer(Trainer *t, const char *dir) {
   int n = 0;
   for (int i = 0; i < t->ntensors; i++) {
     const L4Tensor *lt = &t->tensors[i];
-    int64_t off = f->full.offset[i];
-    int64_t lo = MIN(MAX(f->lo - off, 0), lt->numel), hi = MAX(MIN(f->hi - off, lt->numel), lo);
+    int64_t lo, hi;
+    fsdp_piece(f, i, &lo, &hi);
     for (int b = 0; b < g->nbufs; b++) {
       if (!is_opt_buf(&g->bufs[b]))
         continue;
-      Type ty = (Type)g->bufs[b].type;
       snprintf(names[n], sizeof names[n], "%s.%s", lt->name, g->bufs[b].name);
-      /* f->bufs[b] is flat-indexed: element off + k of the group is the tensor's k */
-      w[n] = (CkptWant){names[n], lt->ndim, lt->shape, ty, (char *)f->bufs[b] + off * type_size(ty), lo, hi};
+      /* the table's pointer is the tensor's element 0, for the elements this rank holds */
+      w[n] = (CkptWant){names[n], lt->ndim, lt->shape, (Type)g->bufs[b].type,
+                        f->table[(size_t)i * (size_t)g->nbufs + (size_t)b], lo, hi};
       n++;
     }
     snprintf(names[n], sizeof names[n], "%s.step", lt->name);
@@ -406,8 +443,8 @@ static int load_optimizer(Trainer *t, const char *dir) {
 }
 
 /* The model from a checkpoint directory (files: checkpoint_files; none:
- * the directory's index or model.safetensors), every rank reading it all
- * straight into its full params, shard by shard; with opt, the optimizer
+ * the directory's index or model.safetensors), every rank reading its
+ * pieces straight into its shard, file by file; with opt, the optimizer
  * states too. The directory stays open when it has tensors optc passes
  * through (a multimodal checkpoint's vision tower), for save_checkpoint. */
 static int load_checkpoint(Trainer *t, const char *dir, const char *const *files, int nfiles, bool opt) {
@@ -422,8 +459,10 @@ static int load_checkpoint(Trainer *t, const char *dir, const char *const *files
   for (int i = 0; i < t->ntensors; i++) {
     const L4Tensor *lt = &t->tensors[i];
     snprintf(names[i], sizeof names[i], "%s%s", hf_prefix(t), lt->name);
-    w[i] = (CkptWant){names[i], lt->ndim, lt->shape, pt, (char *)f->params + f->full.offset[i] * type_size(pt), 0,
-                      lt->numel};
+    int64_t lo, hi;
+    fsdp_piece(f, i, &lo, &hi);
+    w[i] = (CkptWant){names[i], lt->ndim, lt->shape, pt, f->table[(size_t)i * (size_t)t->g->nbufs + (size_t)f->pbuf],
+                      lo, hi};
   }
   const char *own = t->multimodal ? hf_prefix(t) : NULL;
   int rc = ckpt_dir_load(&d, w, t->ntensors, own);
@@ -527,49 +566,6 @@ static int setup_checkpointer(Trainer *t) {
   return ckpt_model_config(r, t->hf_config, &t->cfg, &t->multimodal);
 }
 
-/* ---- the views the model reads and writes ------------------------------------------------ */
-
-static void bind_model(Trainer *t) {
-  const Recipe *r = t->r;
-  t->p32 = calloc((size_t)t->ntensors, sizeof(float *));
-  t->g32 = calloc((size_t)t->ntensors, sizeof(float *));
-  if (r->param_dtype != TY_F32)
-    t->pwork = calloc((size_t)t->f.P, sizeof(float));
-  if (r->grad_dtype != TY_F32)
-    t->gwork = calloc((size_t)t->f.P, sizeof(float));
-  for (int i = 0; i < t->ntensors; i++) {
-    int64_t off = t->f.full.offset[i];
-    t->p32[i] = (t->pwork ? t->pwork : (float *)t->f.params) + off;
-    t->g32[i] = (t->gwork ? t->gwork : (float *)t->f.grads) + off;
-  }
-}
-
-/* 16-bit params are widened for the model after every step. */
-static void params_to_f32(Trainer *t) {
-  if (!t->pwork)
-    return;
-  const uint16_t *p = t->f.params;
-  bool bf = t->r->param_dtype == TY_BF16;
-  for (int64_t i = 0; i < t->f.P; i++)
-    t->pwork[i] = bf ? optc_bf16_to_f32(p[i]) : optc_f16_to_f32(p[i]);
-}
-
-/* f32 grads are rounded (to nearest even) into 16-bit grads, as autocast's
- * backward leaves them in the params' dtype. */
-static void grads_from_f32(Trainer *t) {
-  if (!t->gwork)
-    return;
-  uint16_t *gr = t->f.grads;
-  bool bf = t->r->grad_dtype == TY_BF16;
-  for (int64_t i = 0; i < t->f.P; i++)
-    gr[i] = bf ? optc_f32_to_bf16(t->gwork[i]) : optc_f32_to_f16(t->gwork[i]);
-}
-
-static void zero_grads(Trainer *t) {
-  memset(t->gwork ? (void *)t->gwork : t->f.grads, 0,
-         (size_t)t->f.P * (t->gwork ? sizeof(float) : (size_t)type_size(t->r->grad_dtype)));
-}
-
 /* ---- evaluation -------------------------------------------------------------------------------- */
 
 /* Mean CE over the held-out split, across ranks. */
@@ -579,17 +575,49 @@ static double evaluate(Trainer *t) {
   double t0 = now_seconds();
   double sums[2] = {0, 0};
   L4Batch b;
+  fsdp_run_set_training(t->run, false); /* every forward frees its units */
   while (dataloader_next(t->heldout, &b) == 1) {
     int64_t n;
-    sums[0] += l4_run(t->model, t->p32, NULL, &b, &n);
+    sums[0] += l4_run(t->model, fsdp_run_params(t->run), NULL, &b, &n);
     sums[1] += (double)n;
   }
+  fsdp_run_set_training(t->run, true);
+  if (fsdp_run_failed(t->run))
+    return NAN;
   coll_all_reduce_sum(t->coll, sums, 2, COLL_F64);
   t->t_eval += now_seconds() - t0;
   return sums[1] > 0 ? sums[0] / sums[1] : NAN;
 }
 
 /* ---- setup ----------------------------------------------------------------------------------------- */
+
+/* The seeded initialisation (l4_init_params's values, every rank the
+ * same), unit by unit: the unit made whole in one f32 span, and this
+ * rank's part kept, rounded to the params' dtype. */
+static void init_params(Trainer *t, uint64_t seed) {
+  Fsdp *f = &t->f;
+  Type pt = (Type)t->g->bufs[f->pbuf].type;
+  float *span = malloc(sizeof(float) * (size_t)(f->most + 1));
+  float **at = calloc((size_t)t->ntensors + 1, sizeof(float *));
+  ASSERT(span && at);
+  for (int u = 0; u < f->nunits; u++) {
+    const FsdpUnit *x = &f->units[u];
+    memset(span, 0, sizeof(float) * (size_t)(x->S * f->world));
+    for (int i = x->t0; i < x->t1; i++)
+      at[i] = span + (f->full.offset[i] - x->base);
+    l4_init_tensors(&t->cfg, at, seed, x->t0, x->t1);
+    const float *mine = span + x->S * f->rank;
+    void *part = fsdp_part(f, f->pbuf, u);
+    for (int64_t i = 0; i < x->S; i++) {
+      if (pt == TY_F32)
+        ((float *)part)[i] = mine[i];
+      else
+        ((uint16_t *)part)[i] = pt == TY_BF16 ? optc_f32_to_bf16(mine[i]) : optc_f32_to_f16(mine[i]);
+    }
+  }
+  free(at);
+  free(span);
+}
 
 static int setup(Trainer *t) {
   Recipe *r = t->r;
@@ -691,13 +719,25 @@ static int setup(Trainer *t) {
   t->tensors = calloc((size_t)t->ntensors, sizeof(L4Tensor));
   l4_tensors(&t->cfg, t->tensors);
   int64_t *numel = malloc(sizeof(int64_t) * (size_t)t->ntensors);
+  int nunits = l4_units(&t->cfg, NULL);
+  int *unit_first = malloc(sizeof(int) * (size_t)(nunits + 1));
+  ASSERT(numel && unit_first);
   for (int i = 0; i < t->ntensors; i++)
     numel[i] = t->tensors[i].numel;
-  int rc = fsdp_init(&t->f, t->coll, t->g, t->ntensors, numel);
+  l4_units(&t->cfg, unit_first);
+  int rc = fsdp_init(&t->f, t->coll, t->g, t->ntensors, numel, nunits, unit_first);
   free(numel);
+  free(unit_first);
   if (rc != 0)
     return -1;
-  bind_model(t);
+  /* the model runs unit by unit over the shards, as FSDP2 runs it */
+  FsdpRunOptions ro = {.reshard_after_forward = true, .training = true};
+  const YamlNode *ra = yaml_get(root, "fsdp_reshard_after_forward");
+  if (ra && !yaml_is_null(ra) && !yaml_bool(ra, "fsdp_reshard_after_forward", &ro.reshard_after_forward))
+    return -1;
+  t->run = fsdp_run_create(&t->f, &ro);
+  L4Hooks hooks = fsdp_run_hooks(t->run);
+  l4_set_hooks(t->model, &hooks);
   int threads = MAX(1, pool_default_threads() / t->world);
   /* the model's matmuls and loops on optc's pool, each BLAS call on one
    * thread (blas_init): no BLAS threads spinning between calls */
@@ -738,19 +778,8 @@ static int setup(Trainer *t) {
     if (load_checkpoint(t, t->ck.checkpoint_dir, t->ck.files, t->ck.nfiles, false) != 0)
       return -1;
   } else {
-    float **full = calloc((size_t)t->ntensors, sizeof(float *));
-    float *buf = t->pwork ? t->pwork : t->f.params;
-    for (int i = 0; i < t->ntensors; i++)
-      full[i] = buf + t->f.full.offset[i];
-    l4_init_params(&t->cfg, full, (uint64_t)(r->has_seed ? r->seed : 0));
-    free(full);
-    if (t->pwork) { /* round the f32 init to the params' dtype, then widen back */
-      uint16_t *p = t->f.params;
-      for (int64_t i = 0; i < t->f.P; i++)
-        p[i] = r->param_dtype == TY_BF16 ? optc_f32_to_bf16(t->pwork[i]) : optc_f32_to_f16(t->pwork[i]);
-    }
+    init_params(t, (uint64_t)(r->has_seed ? r->seed : 0));
   }
-  params_to_f32(t);
   return 0;
 }
 
@@ -764,7 +793,7 @@ typedef struct {
 static int train_step(Trainer *t, StepLog *log) {
   const Recipe *r = t->r;
   double t0 = now_seconds();
-  zero_grads(t);
+  FsdpRunStats s0 = fsdp_run_stats(t->run);
   double sums[2] = {0, 0}; /* loss, tokens */
   for (long a = 0; a < r->gradient_accumulation_steps; a++) {
     L4Batch b;
@@ -773,11 +802,15 @@ static int train_step(Trainer *t, StepLog *log) {
       return -1;
     }
     int64_t n;
-    sums[0] += l4_run(t->model, t->p32, t->g32, &b, &n);
+    fsdp_run_micro(t->run, (int)a, (int)r->gradient_accumulation_steps);
+    sums[0] += l4_run(t->model, fsdp_run_params(t->run), fsdp_run_grads(t->run), &b, &n);
     sums[1] += (double)n;
+    if (fsdp_run_failed(t->run))
+      return -1;
   }
-  grads_from_f32(t);
   double t1 = now_seconds();
+  FsdpRunStats s1 = fsdp_run_stats(t->run);
+  double in_hooks = s1.gather_s - s0.gather_s + s1.reduce_s - s0.reduce_s; /* the units' collectives */
   if (coll_all_reduce_sum(t->coll, sums, 2, COLL_F64) != 0)
     return -1;
   /* the reduce-scatter sums the ranks' grads of summed losses: scale_grads
@@ -798,8 +831,6 @@ static int train_step(Trainer *t, StepLog *log) {
   if (fsdp_step(&t->f, &t->ex, t->inputs, &res) != 0)
     return -1;
   double t3 = now_seconds();
-  if (!res.skipped)
-    params_to_f32(t);
   if (res.skipped && r->nonfinite == NONFINITE_ERROR) {
     error("step %ld: non-finite gradients (nonfinite_grads: error)", t->step + 1);
     return -1;
@@ -810,8 +841,8 @@ static int train_step(Trainer *t, StepLog *log) {
   log->grad_norm = r->has_clip && res.nred > 0 ? sqrt(res.red[0]) : NAN;
   log->skipped = res.skipped;
   log->seconds = now_seconds() - t0;
-  t->t_fwdbwd += t1 - t0;
-  t->t_coll += t2 - t1;
+  t->t_fwdbwd += t1 - t0 - in_hooks;
+  t->t_coll += t2 - t1 + in_hooks;
   t->t_opt += t3 - t2;
   return 0;
 }
@@ -944,14 +975,11 @@ out:
     dataset_free(t.data);
   if (t.have_src)
     ckpt_dir_close(&t.src);
+  fsdp_run_free(t.run); /* its spans are the Coll's memory: before fsdp_free's */
   if (t.f.g)
     fsdp_free(&t.f);
   executor_free(&t.ex);
   free(t.tensors);
-  free(t.p32);
-  free(t.g32);
-  free(t.pwork);
-  free(t.gwork);
   free(t.inputs);
   return rc;
 }

@@ -568,7 +568,7 @@ static int cmd_exec(int argc, char **argv) {
   have_group = true;
   if (coll) {
     /* every rank read the whole file; each keeps its slice */
-    if (fsdp_init(&fsdp, coll, g, pg.ntensors, pg.layout.numel) != 0)
+    if (fsdp_init(&fsdp, coll, g, pg.ntensors, pg.layout.numel, 0, NULL) != 0)
       goto done;
     have_fsdp = true;
     fsdp_load(&fsdp, &pg, coll_rank(coll) == 0);

@@ -204,11 +204,16 @@ static uint64_t splitmix64(uint64_t *s) {
 static double uniform_open(uint64_t *s) { return ((splitmix64(s) >> 11) + 1) * 0x1.0p-53; }
 
 void l4_init_params(const L4Config *c, float *const *params, uint64_t seed) {
+  l4_init_tensors(c, params, seed, 0, l4_tensors(c, NULL));
+}
+
+void l4_init_tensors(const L4Config *c, float *const *params, uint64_t seed, int t0, int t1) {
   int n = l4_tensors(c, NULL);
   L4Tensor *t = malloc(sizeof(L4Tensor) * (size_t)n);
   L4_CHECK(t, "out of memory");
   l4_tensors(c, t);
-  for (int i = 0; i < n; i++) {
+  L4_CHECK(0 <= t0 && t0 <= t1 && t1 <= n, "tensors [%d, %d) of %d", t0, t1, n);
+  for (int i = t0; i < t1; i++) {
     float *p = params[i];
     if (t[i].ndim == 1) { /* the norms' weights, and nothing else, are vectors */
       for (int64_t j = 0; j < t[i].numel; j++) p[j] = 1.0f;

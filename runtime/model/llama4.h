@@ -72,6 +72,9 @@ int64_t l4_param_count(const L4Config *c);
  * for norm weights. Each tensor draws from its own splitmix64 stream keyed by
  * (seed, tensor index), so the result depends on nothing else. */
 void l4_init_params(const L4Config *c, float *const *params, uint64_t seed);
+/* The same for tensors [t0, t1) alone (params[t] read only for those):
+ * their values are l4_init_params's. */
+void l4_init_tensors(const L4Config *c, float *const *params, uint64_t seed, int t0, int t1);
 
 /* ---- llama4.c: the model --------------------------------------------------- */
 /* A model holds one batch's activations: it runs one batch at a time, and
