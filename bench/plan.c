@@ -326,8 +326,8 @@ int cmd_plan(int argc, char **argv) {
       sbytes += per_rank * type_size(g->bufs[b].type);
       nstates++;
     }
-  /* what optc run holds per rank today: params and grads whole, at the
-   * recipe's batch and the model's sequence length (as train.c sizes it) */
+  /* what optc run holds per rank, at the recipe's batch and the model's
+   * sequence length (as train.c sizes it) */
   L4Config cfg = inventory_l4_config(&r->model);
   int seq = (int)MIN(r->model.max_seq_len, 2048);
   const YamlNode *tn = yaml_get(r->root, "tokenizer"), *ms = tn ? yaml_get(tn, "max_seq_len") : NULL;
@@ -375,11 +375,11 @@ int cmd_plan(int argc, char **argv) {
         "optimizer_step", "bytes_per_rank", step_bytes, "bandwidth_from", bw_from, "predicted_ms", step_s * 1e3,
         "bandwidth_gbps", bandwidth);
     json_object_set_new(o, "run_memory_per_rank_bytes",
-                        json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:i}", "params", run.params, "grads",
-                                  run.grads, "f32_working_copies", run.work, "reduced_grads_slice", run.grad_slice,
-                                  "optimizer_states", run.states, "process", run.process,
-                                  "activations", run.acts, "total", run.total, "batch_size", (int)r->batch_size,
-                                  "seq_len", seq, "threads", threads));
+                        json_pack("{s:f, s:f, s:f, s:f, s:i, s:i, s:f, s:f, s:f, s:f, s:i, s:i, s:i}", "params", run.params,
+                                  "grads", run.grads, "optimizer_states", run.states, "unit_spans", run.spans,
+                                  "spans_f32", run.wide, "spans_16bit", run.narrow, "span_elements", run.span_elems,
+                                  "process", run.process, "activations", run.acts, "total", run.total, "batch_size",
+                                  (int)r->batch_size, "seq_len", seq, "threads", threads));
     json_t *ju = json_array();
     for (int i = 0; i < um.nunits; i++)
       json_array_append_new(ju, json_pack("{s:s, s:f, s:f, s:f}", "name", units[i].name, "params", units[i].params,
@@ -410,15 +410,15 @@ int cmd_plan(int argc, char **argv) {
     double a = human(pbytes, &u1), b = human(gbytes, &u2), c = human(sbytes, &u3), d = human(pbytes + gbytes + sbytes, &u4);
     printf("  memory/rank  params %.2f %s + grads %.2f %s + states %.2f %s = %.2f %s, on the %s, fully sharded (FSDP)\n",
            a, u1, b, u2, c, u3, d, u4, where);
-    const char *v1, *v2, *v3, *v4, *v5, *v6, *v7, *v8;
-    double w1 = human(run.params, &v1), w2 = human(run.grads, &v2), w3 = human(run.work, &v3),
-           w4 = human(run.grad_slice, &v4), w5 = human(run.states, &v5), w6 = human(run.acts, &v6),
-           w7 = human(run.process, &v7), w8 = human(run.total, &v8);
-    printf("  optc run     params %.2f %s + grads %.2f %s (whole on each rank) + f32 copies %.2f %s + reduced grads "
-           "%.2f %s + states %.2f %s (slices) + activations %.2f %s (batch %d x %d tokens, %d thread%s) + the "
-           "process %.2f %s = %.2f %s per rank\n",
-           w1, v1, w2, v2, w3, v3, w4, v4, w5, v5, w6, v6, (int)r->batch_size, seq, threads, threads == 1 ? "" : "s",
-           w7, v7, w8, v8);
+    const char *v1, *v2, *v3, *v4, *v6, *v7, *v8;
+    double w1 = human(run.params, &v1), w2 = human(run.grads, &v2), w3 = human(run.states, &v3),
+           w4 = human(run.spans, &v4), w6 = human(run.acts, &v6), w7 = human(run.process, &v7),
+           w8 = human(run.total, &v8);
+    printf("  optc run     shards of params %.2f %s + grads %.2f %s + states %.2f %s, units in use %.2f %s (%d f32 "
+           "and %d 16-bit spans of the largest unit, %.0f elements) + activations %.2f %s (batch %d x %d tokens, %d "
+           "thread%s) + the process %.2f %s = %.2f %s per rank\n",
+           w1, v1, w2, v2, w3, v3, w4, v4, run.wide, run.narrow, run.span_elems, w6, v6, (int)r->batch_size, seq,
+           threads, threads == 1 ? "" : "s", w7, v7, w8, v8);
     double e = human(step_bytes, &u5);
     printf("  step traffic %d bytes/element in %d phase%s: %.2f %s per rank per step\n", g->plan->bytes_per_element,
            g->plan->nphases, g->plan->nphases == 1 ? "" : "s", e, u5);

@@ -125,6 +125,32 @@ static int all_ranks(void *ctx, int local) {
 
 /* ---- setup ------------------------------------------------------------------------------ */
 
+/* Unit u's span: from the block of its first element, world parts of S. */
+static void unit_span(FsdpUnit *u, const GroupLayout *full, int t0, int t1, int world) {
+  int n = full->ntensors;
+  u->t0 = t0, u->t1 = t1;
+  u->flo = t0 < n ? full->offset[t0] : full->total;
+  u->fhi = t1 > t0 ? full->offset[t1 - 1] + full->numel[t1 - 1] : u->flo;
+  u->base = u->flo / OPTC_REDUCE_BLOCK * OPTC_REDUCE_BLOCK;
+  int64_t per = (u->fhi - u->base + world - 1) / world;
+  u->S = MAX(1, (per + OPTC_REDUCE_BLOCK - 1) / OPTC_REDUCE_BLOCK) * OPTC_REDUCE_BLOCK;
+}
+
+int64_t fsdp_plan(int n, const int64_t *numel, int nunits, const int *first, int world, int64_t *most) {
+  GroupLayout full;
+  layout_init(&full, n, numel);
+  int64_t total = 0;
+  *most = 0;
+  for (int k = 0; k < nunits; k++) {
+    FsdpUnit u;
+    unit_span(&u, &full, first[k], first[k + 1], world);
+    total += u.S;
+    *most = MAX(*most, u.S * world);
+  }
+  layout_free(&full);
+  return total;
+}
+
 int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel, int nunits, const int *first) {
   memset(f, 0, sizeof *f);
   f->coll = coll;
@@ -155,12 +181,7 @@ int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel, 
   for (int k = 0; k < nunits; k++) {
     FsdpUnit *u = &f->units[k];
     ASSERT(first[k] <= first[k + 1]);
-    u->t0 = first[k], u->t1 = first[k + 1];
-    u->flo = u->t0 < n ? f->full.offset[u->t0] : f->full.total;
-    u->fhi = u->t1 > u->t0 ? f->full.offset[u->t1 - 1] + numel[u->t1 - 1] : u->flo;
-    u->base = u->flo / OPTC_REDUCE_BLOCK * OPTC_REDUCE_BLOCK;
-    int64_t per = (u->fhi - u->base + f->world - 1) / f->world;
-    u->S = MAX(1, (per + OPTC_REDUCE_BLOCK - 1) / OPTC_REDUCE_BLOCK) * OPTC_REDUCE_BLOCK;
+    unit_span(u, &f->full, first[k], first[k + 1], f->world);
     u->at = f->nshard;
     f->nshard += u->S;
     f->most = MAX(f->most, u->S * f->world);

@@ -260,3 +260,19 @@ FsdpRunStats fsdp_run_stats(const FsdpRun *r) {
   s.span_bytes = (double)r->wide.most_out * (double)r->wide.bytes + (double)r->narrow.most_out * (double)r->narrow.bytes;
   return s;
 }
+
+void fsdp_run_plan_spans(const FsdpRunOptions *o, Type pt, Type gt, int world, int nunits, int accum, int *wide,
+                         int *narrow) {
+  /* per unit held: its params (one f32 span unless read in place; a 16-bit
+   * gather besides on several ranks), its grads (one f32 span unless
+   * written in place); and while one unit's 16-bit grads go out, their
+   * rounding */
+  int wp = pt == TY_F32 && world == 1 ? 0 : 1, np = pt != TY_F32 && world > 1 ? 1 : 0;
+  int wg = gt == TY_F32 && world == 1 ? 0 : 1, ng = gt != TY_F32 && world > 1 ? 1 : 0;
+  /* the most units held at once: their params one at a time, or, kept for
+   * the backward, all at the head; their grads one at a time, or all while
+   * a step accumulates */
+  int params = o->reshard_after_forward ? 1 : nunits, grads = accum > 1 ? nunits : 1;
+  *wide = params * wp + grads * wg;
+  *narrow = params * np + ng;
+}

@@ -208,6 +208,9 @@ typedef struct {
  * shards, zeroed. The caller frees with fsdp_free. */
 int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel, int nunits, const int *first);
 void fsdp_free(Fsdp *f);
+/* What fsdp_init would lay out, without a Coll: the elements of a rank's
+ * shard of one buffer, and in *most the largest span. */
+int64_t fsdp_plan(int n, const int64_t *numel, int nunits, const int *first, int world, int64_t *most);
 /* This rank's part of unit u in buffer b: units[u].S elements. */
 void *fsdp_part(Fsdp *f, int b, int u);
 /* The unit of tensor t, and the elements [lo, hi) of it this rank holds. */
@@ -263,6 +266,12 @@ void fsdp_run_set_training(FsdpRun *r, bool training);
 /* A collective or an allocation failed in a hook (the run returned NaN). */
 bool fsdp_run_failed(const FsdpRun *r);
 FsdpRunStats fsdp_run_stats(const FsdpRun *r);
+/* The spans a run holds at once, at most, with options o, params and grads
+ * of types pt and gt, on `world` ranks, nunits units and `accum`
+ * micro-batches a step: f32 ones (*wide) and 16-bit ones (*narrow), each
+ * of the largest span's size. What fsdp_run.c's hooks take, counted. */
+void fsdp_run_plan_spans(const FsdpRunOptions *o, Type pt, Type gt, int world, int nunits, int accum, int *wide,
+                         int *narrow);
 
 /* ---- launch.c: --nproc ---------------------------------------------------------------------- */
 /* Runs `mpirun -np nproc optc ARGS... --mpi-rank` and returns its exit
@@ -413,17 +422,20 @@ typedef struct {
 /* Trains on the ranks of coll (every rank calls it). 0, or -1 with an error printed. */
 int train_run(Recipe *r, Coll *coll, const TrainOptions *opt, TrainResult *out);
 
-/* What one rank of optc run holds, in bytes: the params and grads whole
- * (forward and backward use them; FSDP's per-layer sharding at rest is not
- * there yet), their f32 working copies when they are 16-bit, its slice of
- * the reduced grads and of the optimizer states, and the model's
- * activation workspace for batch x seq with the attention scratch of
- * `threads` threads; and the process itself (libraries, LLVM, the
- * recipe): the caller's resident memory when it calls, so optc plan calls
- * it after compiling the step, as a rank has. optc run checks it against
- * the memory available; optc plan prints it. */
+/* What one rank of optc run holds, in bytes: its shards of the params,
+ * the reduced grads and the optimizer states (fsdp_plan), the spans of the
+ * units in use (fsdp_run_plan_spans: whole params, their f32 copies, whole
+ * grads), the model's activation workspace for batch x seq with the
+ * attention scratch of `threads` threads, and the process itself
+ * (libraries, LLVM, the recipe): the caller's resident memory when it
+ * calls, so optc plan calls it after compiling the step, as a rank has.
+ * optc run checks it against the memory available; optc plan prints it. */
 typedef struct {
-  double params, grads, work, grad_slice, states, acts, process, total;
+  double params, grads, states; /* this rank's shards of them */
+  double spans;                 /* the units in use: their params (and f32 copies) and grads, whole */
+  double acts, process, total;
+  int wide, narrow;             /* the spans: f32 and 16-bit, of span_bytes / 4 elements */
+  double span_elems;
 } RankMemory;
 void rank_memory(const Recipe *r, const L4Config *c, const Graph *g, int world, int batch, int seq, int threads,
                  RankMemory *m);

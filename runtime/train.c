@@ -117,26 +117,51 @@ static double peak_rss(void) {
 /* This process's resident bytes now, 0 where /proc has none. */
 static double resident_now(void) { return proc_kb_bytes("/proc/self/status", "VmRSS"); }
 
+/* fsdp_reshard_after_forward, torchtune's default True. */
+static bool reshard_after_forward(const Recipe *r, bool *ok) {
+  const YamlNode *v = yaml_get(r->root, "fsdp_reshard_after_forward");
+  bool b = true;
+  *ok = !v || yaml_is_null(v) || yaml_bool(v, "fsdp_reshard_after_forward", &b);
+  return b;
+}
+
 void rank_memory(const Recipe *r, const L4Config *c, const Graph *g, int world, int batch, int seq, int threads,
                  RankMemory *m) {
-  double params = (double)l4_param_count(c);
-  double per = ceil(params / world / OPTC_REDUCE_BLOCK) * OPTC_REDUCE_BLOCK, full = per * world;
+  /* the shards as fsdp_init lays them out, in the model's units */
+  int n = l4_tensors(c, NULL), nunits = l4_units(c, NULL);
+  L4Tensor *tt = malloc(sizeof(L4Tensor) * (size_t)n);
+  int64_t *numel = malloc(sizeof(int64_t) * (size_t)n);
+  int *first = malloc(sizeof(int) * (size_t)(nunits + 1));
+  ASSERT(tt && numel && first);
+  l4_tensors(c, tt);
+  l4_units(c, first);
+  for (int i = 0; i < n; i++)
+    numel[i] = tt[i].numel;
+  int64_t most;
+  double shard = (double)fsdp_plan(n, numel, nunits, first, world, &most) + OPTC_TENSOR_ALIGN;
   *m = (RankMemory){0};
-  m->params = full * type_size(r->param_dtype);
-  m->grads = full * type_size(r->grad_dtype);
-  m->work = (r->param_dtype != TY_F32 ? full * 4 : 0) + (r->grad_dtype != TY_F32 ? full * 4 : 0);
-  /* fsdp_init: the rank's slice of every buffer but the params, the grads'
-   * (what the reduce-scatter writes) included */
   for (int b = 0; b < g->nbufs; b++) {
-    double slice = (per + OPTC_TENSOR_ALIGN) * type_size((Type)g->bufs[b].type);
-    if (g->bufs[b].kind == BUF_STATE)
-      m->states += slice;
-    else if (g->bufs[b].kind == BUF_GRAD && world > 1) /* one rank's grads are their own slice */
-      m->grad_slice += slice;
+    double bytes = shard * type_size((Type)g->bufs[b].type);
+    if (g->bufs[b].kind == BUF_PARAM)
+      m->params += bytes;
+    else if (g->bufs[b].kind == BUF_GRAD)
+      m->grads += bytes;
+    else
+      m->states += bytes;
   }
+  /* the units in use: the spans fsdp_run.c's hooks hold at most at once */
+  bool ok;
+  FsdpRunOptions o = {.reshard_after_forward = reshard_after_forward(r, &ok), .training = true};
+  fsdp_run_plan_spans(&o, r->param_dtype, r->grad_dtype, world, nunits, (int)r->gradient_accumulation_steps,
+                      &m->wide, &m->narrow);
+  m->span_elems = (double)most + 1;
+  m->spans = m->span_elems * (4.0 * m->wide + 2.0 * m->narrow);
   m->acts = (double)l4_workspace_bytes_for(c, batch, seq, threads);
   m->process = resident_now();
-  m->total = m->params + m->grads + m->work + m->grad_slice + m->states + m->acts + m->process;
+  m->total = m->params + m->grads + m->states + m->spans + m->acts + m->process;
+  free(tt);
+  free(numel);
+  free(first);
 }
 
 /* Fails fast when a rank's holdings (rank_memory) exceed what the machine
@@ -149,12 +174,11 @@ static int check_memory(Trainer *t, int batch, int seq) {
   if (avail > 0 && m.total > avail) {
     if (t->rank != 0) /* every rank stops; one says why */
       return -1;
-    error("%s needs %.1f GiB per rank (params %.1f + grads %.1f + f32 working copies %.1f + the reduced grads' "
-          "slice %.1f + optimizer states %.1f + activations %.1f + the process %.1f GiB) for %.0f parameters on %d "
-          "rank%s; this machine has %.1f GiB available per rank",
-          r->path, m.total / (1 << 30), m.params / (1 << 30), m.grads / (1 << 30), m.work / (1 << 30),
-          m.grad_slice / (1 << 30), m.states / (1 << 30), m.acts / (1 << 30), m.process / (1 << 30),
-          (double)l4_param_count(&t->cfg), t->world,
+    error("%s needs %.1f GiB per rank (the shards of the params %.1f + grads %.1f + optimizer states %.1f, the "
+          "units in use %.1f, activations %.1f, the process %.1f GiB) for %.0f parameters on %d rank%s; this "
+          "machine has %.1f GiB available per rank",
+          r->path, m.total / (1 << 30), m.params / (1 << 30), m.grads / (1 << 30), m.states / (1 << 30),
+          m.spans / (1 << 30), m.acts / (1 << 30), m.process / (1 << 30), (double)l4_param_count(&t->cfg), t->world,
           t->world == 1 ? "" : "s", avail / (1 << 30));
     return -1;
   }
@@ -731,9 +755,9 @@ static int setup(Trainer *t) {
   if (rc != 0)
     return -1;
   /* the model runs unit by unit over the shards, as FSDP2 runs it */
-  FsdpRunOptions ro = {.reshard_after_forward = true, .training = true};
-  const YamlNode *ra = yaml_get(root, "fsdp_reshard_after_forward");
-  if (ra && !yaml_is_null(ra) && !yaml_bool(ra, "fsdp_reshard_after_forward", &ro.reshard_after_forward))
+  bool ok;
+  FsdpRunOptions ro = {.reshard_after_forward = reshard_after_forward(r, &ok), .training = true};
+  if (!ok)
     return -1;
   t->run = fsdp_run_create(&t->f, &ro);
   L4Hooks hooks = fsdp_run_hooks(t->run);

@@ -84,16 +84,19 @@ need(m["params"] + m["grads"] + m["optimizer_states"] == m["total"], "memory add
 # bf16 params, grads and two bf16 states: 2+2+4 bytes per element, over 1/8 of the params padded to blocks
 per_rank = math.ceil(107769861120 / 8 / 4096) * 4096
 need(m["params"] == per_rank * 2 and m["optimizer_states"] == per_rank * 4, "per-rank bytes from the dtypes")
-# what optc run holds per rank: params and grads whole, f32 copies of both (bf16), slices of the rest
+# what optc run holds per rank: its shards of params, grads and states (fsdp.c: each unit's parts padded to
+# blocks, so a little over 1/8 of each), and the spans of the units in use: bf16 params gathered and widened to
+# f32, f32 grads and their bf16 rounding, one unit at a time (reshard after forward), the largest a decoder layer
 rm = plan["run_memory_per_rank_bytes"]
-full = per_rank * 8
-need(rm["params"] == full * 2 and rm["grads"] == full * 2 and rm["f32_working_copies"] == full * 8,
-     "optc run's whole params, grads and their f32 copies")
-need(rm["optimizer_states"] == (per_rank + 16) * 4 and rm["reduced_grads_slice"] == (per_rank + 16) * 2,
-     "optc run's slices of the states and the reduced grads")
+need(rm["params"] == rm["grads"] and rm["optimizer_states"] == 2 * rm["params"], "bf16 shards: params = grads = a state")
+need(per_rank * 2 <= rm["params"] < per_rank * 2 * 1.001, "a rank's shard is 1/8 of the params, padded: %r" % rm["params"])
+need(rm["spans_f32"] == 2 and rm["spans_16bit"] == 2, "spans: f32 params and grads, bf16 gather and rounding")
+layer = 2 * 5120 * 5120 + 2 * 5120 * 1024 + 16 * 3 * 5120 * 8192 + 3 * 5120 * 8192 + 16 * 5120 + 2 * 5120
+need(layer <= rm["span_elements"] < layer * 1.001, "a span is a decoder layer: %r" % rm["span_elements"])
+need(rm["unit_spans"] == rm["span_elements"] * (2 * 4 + 2 * 2), "the spans' bytes")
 positive(rm["activations"], "run_memory_per_rank_bytes.activations")
-need(abs(rm["params"] + rm["grads"] + rm["f32_working_copies"] + rm["reduced_grads_slice"] + rm["optimizer_states"] +
-         rm["activations"] + rm["process"] - rm["total"]) < 1, "optc run's memory adds up")
+need(abs(rm["params"] + rm["grads"] + rm["optimizer_states"] + rm["unit_spans"] + rm["activations"] + rm["process"] -
+         rm["total"]) < 1, "optc run's memory adds up")
 # FSDP's units and the step model: 48 layers, the embeddings, the root (norm + output)
 fs = plan["fsdp"]
 units = fs["units"]
