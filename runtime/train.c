@@ -599,11 +599,25 @@ static double evaluate(Trainer *t) {
   double t0 = now_seconds();
   double sums[2] = {0, 0};
   L4Batch b;
+  /* Every rank runs as many forwards as the rank with the most batches
+   * (some have one more), since each gathers the units with all of them;
+   * the extra ones see a token whose target is ignored: no loss, no count. */
+  int64_t most = dataloader_num_batches(t->heldout);
+  if (coll_all_reduce_max(t->coll, &most, 1, COLL_I64) != 0)
+    return NAN;
+  int32_t pad_token = 0, pad_target = -100;
+  const L4Batch pad = {.tokens = &pad_token, .targets = &pad_target, .B = 1, .T = 1};
   fsdp_run_set_training(t->run, false); /* every forward frees its units */
-  while (dataloader_next(t->heldout, &b) == 1) {
+  bool more = true; /* this rank's loader has not ended its epoch */
+  for (int64_t k = 0; k < most; k++) {
     int64_t n;
-    sums[0] += l4_run(t->model, fsdp_run_params(t->run), NULL, &b, &n);
+    more = more && dataloader_next(t->heldout, &b) == 1;
+    sums[0] += l4_run(t->model, fsdp_run_params(t->run), NULL, more ? &b : &pad, &n);
     sums[1] += (double)n;
+  }
+  if (more) { /* the end of its epoch, so that the next evaluation starts over */
+    int end = dataloader_next(t->heldout, &b);
+    ASSERT(end == 0);
   }
   fsdp_run_set_training(t->run, true);
   if (fsdp_run_failed(t->run))
