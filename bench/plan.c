@@ -337,7 +337,11 @@ int cmd_plan(int argc, char **argv) {
     seq = (int)MIN(seq, tok_seq);
   int threads = MAX(1, pool_default_threads() / nproc);
   RankMemory run;
-  rank_memory(r, &cfg, g, nproc, (int)r->batch_size, seq, threads, &run);
+  /* the units' collectives beside the compute when fsdp_overlap says so
+   * (auto: on several machines; on paper, one) */
+  const YamlNode *fo = yaml_get(r->root, "fsdp_overlap");
+  bool overlap = fo && fo->kind == YAML_SCALAR && (!strcmp(fo->str, "true") || !strcmp(fo->str, "True"));
+  rank_memory(r, &cfg, g, nproc, (int)r->batch_size, seq, threads, overlap, &run);
   double step_bytes = per_rank * g->plan->bytes_per_element;
   const char *bw_from = "--bandwidth";
   if (!bandwidth) {

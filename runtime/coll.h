@@ -146,8 +146,24 @@ struct Coll {
   const CollImpl *impl;
   int rank, size;
   CollAlgo algo;
-  double timeout; /* seconds; 0: none */
+  double timeout;  /* seconds; 0: none */
+  bool threads_ok; /* calls may come from any one thread at a time (coll_threads_ok) */
+  int hosts;       /* the machines the ranks are on (coll_hosts) */
+  bool polite;     /* waits sleep between polls (coll_set_polite) */
 };
+
+/* The machines the ranks run on (ranks that share memory count as one).
+ * On one, a collective is the cores copying memory; across several the
+ * network moves it while the cores do something else. */
+int coll_hosts(const Coll *c);
+/* Whether calls may come from another thread than the one that made c
+ * (never two at once): what a communication thread beside the compute
+ * needs. local: yes; mpi: when MPI gave MPI_THREAD_SERIALIZED; nccl: no. */
+bool coll_threads_ok(const Coll *c);
+/* Waits for peers poll with a short sleep in between instead of spinning,
+ * so that a thread that waits for the network leaves the core to the
+ * compute beside it (mpi; the others do not wait). */
+void coll_set_polite(Coll *c, bool on);
 
 /* Splits count elements into size blocks as all-reduce does: block b is
  * [count*b/size, count*(b+1)/size). */

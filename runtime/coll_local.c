@@ -84,6 +84,9 @@ const char *coll_algorithm(const Coll *c, CollOp op, int64_t count, CollType t) 
 
 void coll_force_algorithm(Coll *c, CollAlgo a) { c->algo = a; }
 void coll_set_timeout(Coll *c, double seconds) { c->timeout = seconds > 0 ? seconds : 0; }
+bool coll_threads_ok(const Coll *c) { return c->threads_ok; }
+int coll_hosts(const Coll *c) { return c->hosts > 0 ? c->hosts : 1; }
+void coll_set_polite(Coll *c, bool on) { c->polite = on; }
 
 void coll_blocks(int64_t count, int size, int64_t *off, int64_t *len) {
   /* count*b/size without the product overflowing: count = q*size + m. */
@@ -317,6 +320,6 @@ static const CollImpl local_impl = {
 Coll *coll_local(void) {
   Coll *c = calloc(1, sizeof *c);
   ASSERT(c);
-  *c = (Coll){.impl = &local_impl, .rank = 0, .size = 1, .timeout = coll_default_timeout()};
+  *c = (Coll){.impl = &local_impl, .rank = 0, .size = 1, .timeout = coll_default_timeout(), .threads_ok = true, .hosts = 1};
   return c;
 }

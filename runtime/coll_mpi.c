@@ -46,6 +46,8 @@
 #include <limits.h>
 #include <mpi.h>
 #include <string.h>
+#include <math.h>
+#include <time.h>
 
 enum {
   /* Per peer and pipeline stage of a reduce-scatter: 128 to 512 KB measured
@@ -109,11 +111,12 @@ static MPI_Datatype mpi_type(CollType t) {
 static int wait_all(CollMpi *m, int n, MPI_Request *reqs, const int *peer) {
   if (n == 0)
     return 0;
-  if (m->base.timeout <= 0) {
+  if (m->base.timeout <= 0 && !m->base.polite) {
     MPI_CHECK(m, MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE));
     return 0;
   }
-  double deadline = now_seconds() + m->base.timeout;
+  double deadline = m->base.timeout > 0 ? now_seconds() + m->base.timeout : INFINITY;
+  long nap = 2000; /* ns: doubling to 0.5 ms, so that a long wait wakes rarely */
   for (;;) {
     int done = 0;
     MPI_CHECK(m, MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
@@ -121,6 +124,10 @@ static int wait_all(CollMpi *m, int n, MPI_Request *reqs, const int *peer) {
       return 0;
     if (now_seconds() > deadline)
       break;
+    if (m->base.polite) { /* leave the core to the compute beside this thread */
+      nanosleep(&(struct timespec){0, nap}, NULL);
+      nap = MIN(2 * nap, 500000L);
+    }
   }
   /* Name the ranks whose requests are still pending. */
   Buf b = {0};
@@ -439,19 +446,32 @@ Coll *coll_mpi(int *argc, char ***argv, char *err, size_t errlen) {
   }
   INIT_CHECK(MPI_Initialized(&inited), "MPI_Initialized");
   if (!inited) {
-    /* Only the thread that called this calls MPI. */
-    INIT_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    /* One thread at a time calls MPI, not always the one that called
+     * this: FSDP's communication thread (fsdp_run.c) runs beside the
+     * compute, and the main thread calls only while it is idle. */
+    INIT_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
     we_init = true;
+  } else {
+    INIT_CHECK(MPI_Query_thread(&provided), "MPI_Query_thread");
   }
   m = calloc(1, sizeof *m);
   ASSERT(m);
   m->base.impl = &mpi_impl;
+  m->base.threads_ok = provided >= MPI_THREAD_SERIALIZED;
   m->base.timeout = coll_default_timeout();
   m->op = "init";
   INIT_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &m->comm), "MPI_Comm_dup");
   INIT_CHECK(MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   INIT_CHECK(MPI_Comm_rank(m->comm, &m->base.rank), "MPI_Comm_rank");
   INIT_CHECK(MPI_Comm_size(m->comm, &m->base.size), "MPI_Comm_size");
+  /* the hosts: how many ranks are first among those sharing their memory */
+  MPI_Comm shared;
+  int lrank = 0, first = 0;
+  INIT_CHECK(MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shared), "MPI_Comm_split_type");
+  INIT_CHECK(MPI_Comm_rank(shared, &lrank), "MPI_Comm_rank");
+  MPI_Comm_free(&shared);
+  first = lrank == 0;
+  INIT_CHECK(MPI_Allreduce(&first, &m->base.hosts, 1, MPI_INT, MPI_SUM, m->comm), "MPI_Allreduce");
   size_t N = (size_t)m->base.size;
   m->stage = aligned_alloc(64, 2 * N * CHUNK_BYTES);
   m->small = aligned_alloc(64, SMALL_ALL_REDUCE);

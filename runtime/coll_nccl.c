@@ -646,7 +646,7 @@ Coll *coll_nccl(int *argc, char ***argv, int device, char *err, size_t errlen) {
   CollNccl *n = calloc(1, sizeof *n);
   ASSERT(n);
   n->base = (Coll){.impl = &nccl_impl, .rank = coll_rank(mpi), .size = coll_size(mpi),
-                   .timeout = coll_default_timeout()};
+                   .timeout = coll_default_timeout(), .hosts = coll_hosts(mpi)};
   n->mpi = mpi;
   n->op = "init";
   n->off = calloc((size_t)n->base.size + 1, sizeof *n->off);

@@ -243,11 +243,14 @@ typedef struct FsdpRun FsdpRun;
 typedef struct {
   bool reshard_after_forward; /* torchtune's fsdp_reshard_after_forward: free a unit's params after its forward */
   bool training;              /* a forward is followed by its backward (false: every forward frees) */
+  bool overlap;               /* the collectives on a thread of their own, the next unit's gather started early */
 } FsdpRunOptions;
 typedef struct {
   long gathers, reduces;           /* units gathered and reduced */
   double gathered_bytes, reduced_bytes;
   double gather_s, reduce_s;       /* seconds in them, widening and rounding included */
+  double wait_s;                   /* seconds the model's thread waited for them: what was not hidden */
+  bool threaded;                   /* they ran on a communication thread */
   int spans_wide, spans_narrow;    /* spans held at once, at most: f32 and 16-bit */
   double span_bytes;               /* their bytes */
 } FsdpRunStats;
@@ -265,7 +268,7 @@ void fsdp_run_micro(FsdpRun *r, int micro, int nmicro);
 void fsdp_run_set_training(FsdpRun *r, bool training);
 /* A collective or an allocation failed in a hook (the run returned NaN). */
 bool fsdp_run_failed(const FsdpRun *r);
-FsdpRunStats fsdp_run_stats(const FsdpRun *r);
+FsdpRunStats fsdp_run_stats(FsdpRun *r);
 /* The spans a run holds at once, at most, with options o, params and grads
  * of types pt and gt, on `world` ranks, nunits units and `accum`
  * micro-batches a step: f32 ones (*wide) and 16-bit ones (*narrow), each
@@ -429,6 +432,8 @@ int train_run(Recipe *r, Coll *coll, const TrainOptions *opt, TrainResult *out);
  * attention scratch of `threads` threads, and the process itself
  * (libraries, LLVM, the recipe): the caller's resident memory when it
  * calls, so optc plan calls it after compiling the step, as a rank has.
+ * overlap: the units' collectives run beside the compute (fsdp_overlap),
+ * which holds the next unit's params and the last unit's grads too.
  * optc run checks it against the memory available; optc plan prints it. */
 typedef struct {
   double params, grads, states; /* this rank's shards of them */
@@ -438,4 +443,4 @@ typedef struct {
   double span_elems;
 } RankMemory;
 void rank_memory(const Recipe *r, const L4Config *c, const Graph *g, int world, int batch, int seq, int threads,
-                 RankMemory *m);
+                 bool overlap, RankMemory *m);

@@ -64,6 +64,7 @@ typedef struct {
   /* progress */
   long step; /* optimizer steps done */
   double t_fwdbwd, t_opt, t_coll, t_eval;
+  double t_units, t_units_waited; /* the units' gathers and reduces: their time, and what the model waited */
   bool options_only; /* bench: no checkpoints, no metrics */
 } Trainer;
 
@@ -117,6 +118,25 @@ static double peak_rss(void) {
 /* This process's resident bytes now, 0 where /proc has none. */
 static double resident_now(void) { return proc_kb_bytes("/proc/self/status", "VmRSS"); }
 
+/* optc's fsdp_overlap: the units' collectives on a thread of their own,
+ * beside the compute: auto (the default) when the ranks span several
+ * machines, whose network moves the data while the cores compute; on one
+ * machine a collective is the cores copying memory, which only competes
+ * with the compute (measured: bench/results.md). */
+static bool fsdp_overlap(const Recipe *r, const Coll *coll, bool *ok) {
+  const YamlNode *v = yaml_get(r->root, "fsdp_overlap");
+  *ok = true;
+  if (!v || yaml_is_null(v) || (v->kind == YAML_SCALAR && !strcmp(v->str, "auto")))
+    return coll && coll_hosts(coll) > 1;
+  const char *x = v->kind == YAML_SCALAR ? v->str : "";
+  bool yes = !strcmp(x, "true") || !strcmp(x, "True"), no = !strcmp(x, "false") || !strcmp(x, "False");
+  if (!yes && !no) {
+    error_at(v->pos, "fsdp_overlap: expected auto, true or false, found '%s'", x);
+    *ok = false;
+  }
+  return yes;
+}
+
 /* fsdp_reshard_after_forward, torchtune's default True. */
 static bool reshard_after_forward(const Recipe *r, bool *ok) {
   const YamlNode *v = yaml_get(r->root, "fsdp_reshard_after_forward");
@@ -126,7 +146,7 @@ static bool reshard_after_forward(const Recipe *r, bool *ok) {
 }
 
 void rank_memory(const Recipe *r, const L4Config *c, const Graph *g, int world, int batch, int seq, int threads,
-                 RankMemory *m) {
+                 bool overlap, RankMemory *m) {
   /* the shards as fsdp_init lays them out, in the model's units */
   int n = l4_tensors(c, NULL), nunits = l4_units(c, NULL);
   L4Tensor *tt = malloc(sizeof(L4Tensor) * (size_t)n);
@@ -151,7 +171,7 @@ void rank_memory(const Recipe *r, const L4Config *c, const Graph *g, int world, 
   }
   /* the units in use: the spans fsdp_run.c's hooks hold at most at once */
   bool ok;
-  FsdpRunOptions o = {.reshard_after_forward = reshard_after_forward(r, &ok), .training = true};
+  FsdpRunOptions o = {.reshard_after_forward = reshard_after_forward(r, &ok), .training = true, .overlap = overlap};
   fsdp_run_plan_spans(&o, r->param_dtype, r->grad_dtype, world, nunits, (int)r->gradient_accumulation_steps,
                       &m->wide, &m->narrow);
   m->span_elems = (double)most + 1;
@@ -169,7 +189,11 @@ void rank_memory(const Recipe *r, const L4Config *c, const Graph *g, int world, 
 static int check_memory(Trainer *t, int batch, int seq) {
   const Recipe *r = t->r;
   RankMemory m;
-  rank_memory(r, &t->cfg, t->g, t->world, batch, seq, MAX(1, pool_default_threads() / t->world), &m);
+  bool ok;
+  rank_memory(r, &t->cfg, t->g, t->world, batch, seq, MAX(1, pool_default_threads() / t->world),
+              fsdp_overlap(r, t->coll, &ok), &m);
+  if (!ok)
+    return -1;
   double avail = mem_available() / t->world;
   if (avail > 0 && m.total > avail) {
     if (t->rank != 0) /* every rank stops; one says why */
@@ -770,8 +794,10 @@ static int setup(Trainer *t) {
     return -1;
   /* the model runs unit by unit over the shards, as FSDP2 runs it */
   bool ok;
-  FsdpRunOptions ro = {.reshard_after_forward = reshard_after_forward(r, &ok), .training = true};
-  if (!ok)
+  bool ok2;
+  FsdpRunOptions ro = {.reshard_after_forward = reshard_after_forward(r, &ok), .training = true,
+                       .overlap = fsdp_overlap(r, t->coll, &ok2)};
+  if (!ok || !ok2)
     return -1;
   t->run = fsdp_run_create(&t->f, &ro);
   L4Hooks hooks = fsdp_run_hooks(t->run);
@@ -848,7 +874,10 @@ static int train_step(Trainer *t, StepLog *log) {
   }
   double t1 = now_seconds();
   FsdpRunStats s1 = fsdp_run_stats(t->run);
-  double in_hooks = s1.gather_s - s0.gather_s + s1.reduce_s - s0.reduce_s; /* the units' collectives */
+  /* the units' collectives: what they took, and what the model waited for */
+  double waited = s1.wait_s - s0.wait_s;
+  t->t_units += s1.gather_s - s0.gather_s + s1.reduce_s - s0.reduce_s;
+  t->t_units_waited += waited;
   if (coll_all_reduce_sum(t->coll, sums, 2, COLL_F64) != 0)
     return -1;
   /* the reduce-scatter sums the ranks' grads of summed losses: scale_grads
@@ -879,8 +908,8 @@ static int train_step(Trainer *t, StepLog *log) {
   log->grad_norm = r->has_clip && res.nred > 0 ? sqrt(res.red[0]) : NAN;
   log->skipped = res.skipped;
   log->seconds = now_seconds() - t0;
-  t->t_fwdbwd += t1 - t0 - in_hooks;
-  t->t_coll += t2 - t1 + in_hooks;
+  t->t_fwdbwd += t1 - t0 - waited;
+  t->t_coll += t2 - t1 + waited;
   t->t_opt += t3 - t2;
   return 0;
 }
@@ -985,6 +1014,15 @@ int train_run(Recipe *r, Coll *coll, const TrainOptions *opt, TrainResult *out) 
       fprintf(stderr, "  held-out loss: %.4f -> %.4f\n", held0, held);
     fprintf(stderr, "  time: forward+backward %.2f s, collectives %.2f s, optimizer %.2f s, eval %.2f s\n", t.t_fwdbwd,
             t.t_coll, t.t_opt, t.t_eval);
+    if (t.run) {
+      FsdpRunStats s = fsdp_run_stats(t.run);
+      fprintf(stderr,
+              "  units: %ld gathers, %ld reduce-scatters, %.2f s, %.2f s of it waited for (%s); at most %d f32 and "
+              "%d 16-bit spans held, %.1f MiB\n",
+              s.gathers, s.reduces, s.gather_s + s.reduce_s, s.wait_s,
+              s.threaded ? "on a thread of their own" : "on the model's thread", s.spans_wide, s.spans_narrow,
+              s.span_bytes / (1 << 20));
+    }
   }
   if (out) {
     out->first_loss = first_loss;
