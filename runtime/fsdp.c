@@ -239,6 +239,10 @@ void fsdp_free(Fsdp *f) {
   free(f->units);
   free(f->ranges);
   free(f->nchunks_of);
+  for (int u = 0; f->unit_shard && u < f->nunits; u++)
+    if (f->unit_shard[u].numel)
+      layout_free(&f->unit_shard[u]);
+  free(f->unit_shard);
   layout_free(&f->full);
   layout_free(&f->shard);
   memset(f, 0, sizeof *f);
@@ -367,6 +371,72 @@ int fsdp_store(Fsdp *f, ParamGroup *pg) {
 
 /* ---- the step ----------------------------------------------------------------------------- */
 
+/* Runs x over layout l (this rank's chunks, all or one unit's) through the
+ * shard's tensor table; shard is the API's view of the same. */
+static int step_over(Fsdp *f, Executor *x, const GroupLayout *l, const optc_shard *shard, const StepArgs *args,
+                     StepResult *res) {
+  const Graph *g = f->g;
+  switch (x->api ? NUM_BACKENDS : x->backend) {
+  case NUM_BACKENDS: return executor_api_step_t(x, &f->full, f->table, args->inputs, shard, res);
+  case BACKEND_INTERP: return interp_step_t(g, l, f->table, args, res);
+  case BACKEND_EAGER: {
+    /* eager runs the front end's graph: its buffers and inputs, by name */
+    int n = f->full.ntensors;
+    void **eb = calloc((size_t)n * (size_t)x->g->nbufs + 1, sizeof(void *));
+    double *ein = calloc((size_t)x->g->nins + 1, sizeof(double));
+    ASSERT(eb && ein);
+    for (int b = 0; b < x->g->nbufs; b++) {
+      int k = graph_find_buffer(g, x->g->bufs[b].name);
+      ASSERT(k >= 0);
+      for (int t = 0; t < n; t++)
+        eb[(size_t)t * (size_t)x->g->nbufs + (size_t)b] = f->table[(size_t)t * (size_t)g->nbufs + (size_t)k];
+    }
+    for (int i = 0; i < x->g->nins; i++)
+      if (x->g->ins[i].op == OP_INPUT) {
+        Ref k = graph_find_input(g, x->g->ins[i].name);
+        ein[i] = k != NOREF ? args->inputs[k] : x->g->ins[i].imm;
+      }
+    StepArgs eargs = *args;
+    eargs.inputs = ein;
+    int rc = eager_run_t(x->g, l, eb, &eargs, res, false, x->pool);
+    free(eb);
+    free(ein);
+    return rc;
+  }
+  case BACKEND_CPU: return cpu_step_t(x->cpu, x->pool, g, l, f->table, args, res);
+  default: error("backend '%s' cannot run a sharded step", backend_names[x->backend]); return -1;
+  }
+}
+
+/* A unit's step alone: nothing to gather (no step-scope reduction) and no
+ * skip to agree on (propagate). */
+static int unit_gather(void *ctx, const double *local, int64_t first, int64_t nlocal, int64_t nglobal, int width,
+                       double *global) {
+  (void)ctx, (void)local, (void)first, (void)nlocal, (void)nglobal, (void)width, (void)global;
+  unreachable();
+}
+static int unit_all(void *ctx, int local) { return (void)ctx, local; }
+
+int fsdp_step_unit(Fsdp *f, Executor *x, int u, const double *inputs, StepResult *res) {
+  const Graph *g = f->g;
+  for (int i = 0; i < g->nins; i++)
+    ASSERT(!(g->ins[i].op == OP_REDUCE && g->ins[i].to == SCOPE_STEP));
+  if (!f->unit_shard) {
+    f->unit_shard = calloc((size_t)f->nunits, sizeof(GroupLayout));
+    ASSERT(f->unit_shard);
+  }
+  int64_t r[2];
+  unit_piece(&f->units[u], f->rank, &r[0], &r[1]);
+  GroupLayout *l = &f->unit_shard[u];
+  if (!l->numel) {
+    layout_init(l, f->full.ntensors, f->full.numel);
+    layout_select(l, 1, r);
+  }
+  StepArgs args = {inputs, 1, NULL, true};
+  optc_shard shard = {0, 0, unit_gather, unit_all, NULL, 1, r};
+  return step_over(f, x, l, &shard, &args, res);
+}
+
 int fsdp_step(Fsdp *f, Executor *x, const double *inputs, StepResult *res) {
   const Graph *g = f->g;
   /* the grads fsdp_load took, summed into every rank's pieces */
@@ -386,41 +456,11 @@ int fsdp_step(Fsdp *f, Executor *x, const double *inputs, StepResult *res) {
   for (int i = 0; i < g->nins; i++)
     has_step_reduction |= g->ins[i].op == OP_REDUCE && g->ins[i].to == SCOPE_STEP;
   StepArgs args = {inputs, has_step_reduction ? 1 : -1, &f->reducer};
-  int rc;
   optc_shard shard = {0, 0, api_gather, all_ranks, f, f->nranges, f->ranges};
   static const int64_t none[2] = {0, 0};
   if (f->nranges == 0)
     shard.nranges = 1, shard.ranges = none;
-  switch (x->api ? NUM_BACKENDS : x->backend) {
-  case NUM_BACKENDS: rc = executor_api_step_t(x, &f->full, f->table, inputs, &shard, res); break;
-  case BACKEND_INTERP: rc = interp_step_t(g, &f->shard, f->table, &args, res); break;
-  case BACKEND_EAGER: {
-    /* eager runs the front end's graph: its buffers and inputs, by name */
-    int n = f->full.ntensors;
-    void **eb = calloc((size_t)n * (size_t)x->g->nbufs + 1, sizeof(void *));
-    double *ein = calloc((size_t)x->g->nins + 1, sizeof(double));
-    ASSERT(eb && ein);
-    for (int b = 0; b < x->g->nbufs; b++) {
-      int k = graph_find_buffer(g, x->g->bufs[b].name);
-      ASSERT(k >= 0);
-      for (int t = 0; t < n; t++)
-        eb[(size_t)t * (size_t)x->g->nbufs + (size_t)b] = f->table[(size_t)t * (size_t)g->nbufs + (size_t)k];
-    }
-    for (int i = 0; i < x->g->nins; i++)
-      if (x->g->ins[i].op == OP_INPUT) {
-        Ref k = graph_find_input(g, x->g->ins[i].name);
-        ein[i] = k != NOREF ? inputs[k] : x->g->ins[i].imm;
-      }
-    StepArgs eargs = args;
-    eargs.inputs = ein;
-    rc = eager_run_t(x->g, &f->shard, eb, &eargs, res, false, x->pool);
-    free(eb);
-    free(ein);
-    break;
-  }
-  case BACKEND_CPU: rc = cpu_step_t(x->cpu, x->pool, g, &f->shard, f->table, &args, res); break;
-  default: error("backend '%s' cannot run a sharded step", backend_names[x->backend]); return -1;
-  }
+  int rc = step_over(f, x, &f->shard, &shard, &args, res);
   if (rc != 0)
     return -1;
   if (!res->skipped)

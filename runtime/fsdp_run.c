@@ -43,7 +43,7 @@ typedef struct {
   int out, most_out; /* held now, and at most */
 } Spans;
 
-typedef enum { JOB_GATHER, JOB_REDUCE } JobKind;
+typedef enum { JOB_GATHER, JOB_REDUCE, JOB_STEP } JobKind;
 typedef struct {
   JobKind kind;
   int u;
@@ -65,6 +65,8 @@ struct FsdpRun {
   int *pstate;
   float **gspan;
   bool *reducing;
+  double *step_t0, *step_t1; /* (nunits) when each unit's step ran, this step */
+  double bwd_end;            /* when this step's backward ended */
   Spans wide, narrow; /* f32 spans, and 16-bit ones */
   int micro, nmicro;  /* this micro-batch of the step's */
   /* the communication thread and its queue; without one (a Coll that
@@ -201,15 +203,26 @@ static int job_reduce(FsdpRun *r, int u) {
   return rc;
 }
 
+/* Unit u's piece of the optimizer step, by the caller's step_unit. */
+static int job_step(FsdpRun *r, int u) {
+  double t0 = now_seconds();
+  int rc = r->o.step_unit(r->o.step_ctx, u);
+  double t1 = now_seconds();
+  r->step_t0[u] = t0, r->step_t1[u] = t1;
+  r->st.step_s += t1 - t0;
+  r->st.steps++;
+  return rc;
+}
+
 /* Runs a job; then, under mu, records what it did and wakes the waiters. */
 static void job_run(FsdpRun *r, Job j) {
-  int rc = j.kind == JOB_GATHER ? job_gather(r, j.u) : job_reduce(r, j.u);
+  int rc = j.kind == JOB_GATHER ? job_gather(r, j.u) : j.kind == JOB_REDUCE ? job_reduce(r, j.u) : job_step(r, j.u);
   pthread_mutex_lock(&r->mu);
   if (rc != 0)
     r->failed = true;
   if (j.kind == JOB_GATHER)
     r->pstate[j.u] = P_READY;
-  else
+  else if (j.kind == JOB_REDUCE)
     r->reducing[j.u] = false, r->nreducing--;
   pthread_cond_broadcast(&r->cv);
   pthread_mutex_unlock(&r->mu);
@@ -232,7 +245,7 @@ static void *comm_main(void *arg) {
       pthread_mutex_lock(&r->mu);
       if (j.kind == JOB_GATHER)
         r->pstate[j.u] = P_READY;
-      else
+      else if (j.kind == JOB_REDUCE)
         r->reducing[j.u] = false, r->nreducing--;
     } else {
       job_run(r, j);
@@ -249,7 +262,7 @@ static void *comm_main(void *arg) {
 static void job_queue(FsdpRun *r, JobKind kind, int u) {
   if (kind == JOB_GATHER)
     r->pstate[u] = P_ASKED;
-  else
+  else if (kind == JOB_REDUCE)
     r->reducing[u] = true, r->nreducing++;
   if (!r->threaded) { /* the model's thread runs it: all of it waited for */
     pthread_mutex_unlock(&r->mu);
@@ -365,16 +378,24 @@ static int hook_end(void *ctx, int u, L4Pass pass) {
   int rc = r->failed ? -1 : 0;
   if (rc == 0 && pass == L4_BACKWARD) {
     point(r, r->grads, u, NULL);
-    if (r->micro + 1 == r->nmicro)
+    if (r->micro + 1 == r->nmicro) {
       job_queue(r, JOB_REDUCE, u);
+      if (r->o.step_unit) /* its piece of the step, once its grads are in */
+        job_queue(r, JOB_STEP, u);
+    }
   }
   /* forward: freed unless the backward is to find them; backward: done */
   if (pass == L4_BACKWARD || r->o.reshard_after_forward || !r->o.training)
     params_free(r, u);
   /* the run's last hook: every collective done before the caller's own */
   if ((pass == L4_BACKWARD && u == 0) || (pass == L4_FORWARD && u == r->nunits - 1)) {
+    bool steps = pass == L4_BACKWARD && r->o.step_unit && r->micro + 1 == r->nmicro;
+    r->bwd_end = now_seconds();
     if (drain(r) != 0)
       rc = -1;
+    /* of the units' steps, what ran before the backward ended was hidden behind it */
+    for (int k = 0; steps && r->threaded && k < r->nunits; k++)
+      r->st.step_hidden_s += MAX(0.0, MIN(r->step_t1[k], r->bwd_end) - r->step_t0[k]);
     if (pass == L4_FORWARD) /* a forward alone: a prefetch it did not use */
       for (int k = 0; k < r->nunits; k++)
         params_free(r, k);
@@ -400,6 +421,9 @@ FsdpRun *fsdp_run_create(Fsdp *f, const FsdpRunOptions *o) {
   r->pstate = calloc((size_t)f->nunits + 1, sizeof(int));
   r->gspan = calloc((size_t)f->nunits + 1, sizeof(float *));
   r->reducing = calloc((size_t)f->nunits + 1, sizeof(bool));
+  r->step_t0 = calloc((size_t)f->nunits + 1, sizeof(double));
+  r->step_t1 = calloc((size_t)f->nunits + 1, sizeof(double));
+  ASSERT(r->step_t0 && r->step_t1);
   r->qcap = 16;
   r->queue = malloc(sizeof(Job) * (size_t)r->qcap);
   ASSERT(r->params && r->grads && r->pf32 && r->pstate && r->gspan && r->reducing && r->queue);
@@ -444,6 +468,8 @@ void fsdp_run_free(FsdpRun *r) {
   free(r->pstate);
   free(r->gspan);
   free(r->reducing);
+  free(r->step_t0);
+  free(r->step_t1);
   free(r->queue);
   free(r);
 }
@@ -460,6 +486,7 @@ void fsdp_run_micro(FsdpRun *r, int micro, int nmicro) {
 void fsdp_run_set_training(FsdpRun *r, bool training) { r->o.training = training; }
 
 bool fsdp_run_failed(const FsdpRun *r) { return r->failed; }
+bool fsdp_run_threaded(const FsdpRun *r) { return r->threaded; }
 
 FsdpRunStats fsdp_run_stats(FsdpRun *r) {
   pthread_mutex_lock(&r->mu);

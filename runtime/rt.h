@@ -196,6 +196,7 @@ typedef struct {
   int64_t *ranges;      /* (2 * nranges) this rank's pieces, ascending: what its step runs */
   int nranges;
   int64_t *nchunks_of;  /* (world) each rank's chunks */
+  GroupLayout *unit_shard; /* (nunits) this rank's chunks of each unit, made when first stepped alone */
   void **mem;           /* (nbufs) this rank's shard of each buffer: unit u's part at units[u].at */
   void **table;         /* (ntensors * nbufs) tensor t's element 0 of buffer b, for the shard's elements */
   void *grads_in;       /* fsdp_load's whole grads as spans, reduced by every fsdp_step (optc exec) */
@@ -234,6 +235,10 @@ int fsdp_store(Fsdp *f, ParamGroup *pg);
 /* One step of x over every rank's pieces, the reductions folded across
  * ranks; the grads are in the shard (after fsdp_load: reduced first). */
 int fsdp_step(Fsdp *f, Executor *x, const double *inputs, StepResult *res);
+/* The same over this rank's piece of unit u alone, with no collective: for
+ * a graph with no step-scope reduction, whose grads are not checked
+ * (nonfinite_grads: propagate), so that no rank waits for another. */
+int fsdp_step_unit(Fsdp *f, Executor *x, int u, const double *inputs, StepResult *res);
 
 /* ---- fsdp_run.c: a model's units over a sharded group ---------------------------------------
  * The model's hooks (llama4.h) doing what FSDP2 does around each wrapped
@@ -244,12 +249,19 @@ typedef struct {
   bool reshard_after_forward; /* torchtune's fsdp_reshard_after_forward: free a unit's params after its forward */
   bool training;              /* a forward is followed by its backward (false: every forward frees) */
   bool overlap;               /* the collectives on a thread of their own, the next unit's gather started early */
+  /* When set (optimizer_in_bwd): steps unit u's piece once its grads are
+   * reduced, on the step's last micro-batch, on the collectives' thread
+   * (beside the backward of the units before it) or at once. 0, or -1. */
+  int (*step_unit)(void *ctx, int u);
+  void *step_ctx;
 } FsdpRunOptions;
 typedef struct {
   long gathers, reduces;           /* units gathered and reduced */
   double gathered_bytes, reduced_bytes;
   double gather_s, reduce_s;       /* seconds in them, widening and rounding included */
   double wait_s;                   /* seconds the model's thread waited for them: what was not hidden */
+  long steps;                      /* units stepped in the backward (step_unit) */
+  double step_s, step_hidden_s;    /* seconds in their steps, and of those before the backward ended */
   bool threaded;                   /* they ran on a communication thread */
   int spans_wide, spans_narrow;    /* spans held at once, at most: f32 and 16-bit */
   double span_bytes;               /* their bytes */
@@ -268,6 +280,8 @@ void fsdp_run_micro(FsdpRun *r, int micro, int nmicro);
 void fsdp_run_set_training(FsdpRun *r, bool training);
 /* A collective or an allocation failed in a hook (the run returned NaN). */
 bool fsdp_run_failed(const FsdpRun *r);
+/* The collectives (and step_unit) run on a thread of their own. */
+bool fsdp_run_threaded(const FsdpRun *r);
 FsdpRunStats fsdp_run_stats(FsdpRun *r);
 /* The spans a run holds at once, at most, with options o, params and grads
  * of types pt and gt, on `world` ranks, nunits units and `accum`

@@ -48,6 +48,8 @@ typedef struct {
   int rank, world;
   Graph *g, *unopt;
   Executor ex;
+  Executor ex_unit;   /* optimizer_in_bwd on the collectives' thread: the step on that thread alone */
+  bool in_bwd;        /* optimizer_in_bwd: each unit stepped once its grads are in (step_unit) */
   Fsdp f;
   L4Config cfg;
   L4Model *model;
@@ -65,6 +67,7 @@ typedef struct {
   long step; /* optimizer steps done */
   double t_fwdbwd, t_opt, t_coll, t_eval;
   double t_units, t_units_waited; /* the units' gathers and reduces: their time, and what the model waited */
+  double t_opt_hidden;            /* optimizer_in_bwd: of t_opt, what ran beside the backward */
   bool options_only; /* bench: no checkpoints, no metrics */
 } Trainer;
 
@@ -653,6 +656,8 @@ static double evaluate(Trainer *t) {
 
 /* ---- setup ----------------------------------------------------------------------------------------- */
 
+static int step_unit(void *ctx, int u); /* the loop's, below */
+
 /* The seeded initialisation (l4_init_params's values, every rank the
  * same), unit by unit: the unit made whole in one f32 span, and this
  * rank's part kept, rounded to the params' dtype. */
@@ -799,6 +804,22 @@ static int setup(Trainer *t) {
                        .overlap = fsdp_overlap(r, t->coll, &ok2)};
   if (!ok || !ok2)
     return -1;
+  /* optimizer_in_bwd: each unit's piece stepped once its grads are in,
+   * beside the backward of the units before it. Only where nothing global
+   * stands in the way: clip_grad_norm's norm needs every grad first, and
+   * so does a skip over a NaN or Inf anywhere. */
+  const YamlNode *ib = yaml_get(root, "optimizer_in_bwd");
+  if (ib && !yaml_is_null(ib) && !yaml_bool(ib, "optimizer_in_bwd", &t->in_bwd))
+    return -1;
+  if (t->in_bwd && (r->has_clip || r->nonfinite != NONFINITE_PROPAGATE)) {
+    error_at(ib->pos, "optimizer_in_bwd: True steps each layer as soon as its grads are in, before %s: set %s",
+             r->has_clip ? "clip_grad_norm's global norm exists" : "a NaN or Inf in a later layer is seen",
+             r->has_clip ? "clip_grad_norm: null (torchtune refuses the two together too)"
+                         : "nonfinite_grads: propagate (torch's behaviour: no skip)");
+    return -1;
+  }
+  if (t->in_bwd)
+    ro.step_unit = step_unit, ro.step_ctx = t;
   t->run = fsdp_run_create(&t->f, &ro);
   L4Hooks hooks = fsdp_run_hooks(t->run);
   l4_set_hooks(t->model, &hooks);
@@ -826,6 +847,22 @@ static int setup(Trainer *t) {
   } else {
     executor_share_pool(&t->ex, t->pool); /* eager too: torch's for-loop runs on all of torch's threads */
   }
+  /* optimizer_in_bwd on the collectives' thread: a step of its own there,
+   * one thread (the model's pool runs the backward meanwhile) */
+  if (t->in_bwd && fsdp_run_threaded(t->run)) {
+    if (t->compiled) {
+      optc_step *api;
+      optc_error err;
+      if (optc_step_from_recipe(r->path, r->src.text, (const char *const *)r->overrides, r->noverrides,
+                                OPTC_TARGET_CPU, &api, &err) != OPTC_OK) {
+        fprintf(stderr, "%s\n", err.message);
+        return -1;
+      }
+      executor_init_api(&t->ex_unit, api, t->g, 1, NULL);
+    } else if (executor_init(&t->ex_unit, BACKEND_EAGER, t->g, t->unopt, 1, NULL) != 0) {
+      return -1;
+    }
+  }
   t->inputs = calloc((size_t)t->g->nins + 1, sizeof(double));
   Binding first = {"step", 1};
   if (inputs_resolve(t->g, NULL, 0, &first, 1, t->inputs) != 0)
@@ -849,6 +886,40 @@ static int setup(Trainer *t) {
 
 /* ---- the loop ---------------------------------------------------------------------------------------- */
 
+/* The step's inputs: num_tokens (all ranks' counted tokens: the
+ * reduce-scatter sums the ranks' grads of summed losses, so scale_grads is
+ * by 1 / that, torchtune's normalisation), the step count and the lr. */
+static void step_inputs(Trainer *t, double tokens, double *lr_out) {
+  Ref nt = graph_find_input(t->g, "num_tokens"), ws = graph_find_input(t->g, "world_size");
+  Ref sr = graph_find_input(t->g, "step"), lr = graph_find_input(t->g, "lr");
+  if (nt != NOREF)
+    t->inputs[nt] = MAX(1.0, tokens);
+  if (ws != NOREF)
+    t->inputs[ws] = 1.0;
+  if (sr != NOREF)
+    t->inputs[sr] = t->f.step + 1;
+  *lr_out = sched_lr(&t->sched, t->base_lr, t->step + 1);
+  if (lr != NOREF)
+    t->inputs[lr] = *lr_out;
+}
+
+/* optimizer_in_bwd: unit u's piece of the step (FsdpRunOptions.step_unit),
+ * on the collectives' thread on a 1-thread executor of its own (the
+ * model's pool is the backward's), else at once on the run's. */
+static int step_unit(void *ctx, int u) {
+  Trainer *t = ctx;
+  StepResult res;
+  return fsdp_step_unit(&t->f, fsdp_run_threaded(t->run) ? &t->ex_unit : &t->ex, u, t->inputs, &res);
+}
+
+/* Targets counted in a loss: what l4_run's ntokens will say. */
+static double batch_tokens(const L4Batch *b) {
+  double n = 0;
+  for (int i = 0; i < b->B * b->T; i++)
+    n += b->targets[i] != -100;
+  return n;
+}
+
 typedef struct {
   double loss, lr, grad_norm, tokens, seconds;
   bool skipped;
@@ -858,7 +929,7 @@ static int train_step(Trainer *t, StepLog *log) {
   const Recipe *r = t->r;
   double t0 = now_seconds();
   FsdpRunStats s0 = fsdp_run_stats(t->run);
-  double sums[2] = {0, 0}; /* loss, tokens */
+  double sums[2] = {0, 0}, counted = 0; /* loss, tokens; tokens counted before the runs */
   for (long a = 0; a < r->gradient_accumulation_steps; a++) {
     L4Batch b;
     if (dataloader_next(t->train, &b) != 1 && dataloader_next(t->train, &b) != 1) {
@@ -866,6 +937,14 @@ static int train_step(Trainer *t, StepLog *log) {
       return -1;
     }
     int64_t n;
+    counted += batch_tokens(&b);
+    if (t->in_bwd && a + 1 == r->gradient_accumulation_steps) {
+      /* the units are stepped in this backward: the step's inputs first */
+      double all = counted;
+      if (coll_all_reduce_sum(t->coll, &all, 1, COLL_F64) != 0)
+        return -1;
+      step_inputs(t, all, &log->lr);
+    }
     fsdp_run_micro(t->run, (int)a, (int)r->gradient_accumulation_steps);
     sums[0] += l4_run(t->model, fsdp_run_params(t->run), fsdp_run_grads(t->run), &b, &n);
     sums[1] += (double)n;
@@ -880,24 +959,19 @@ static int train_step(Trainer *t, StepLog *log) {
   t->t_units_waited += waited;
   if (coll_all_reduce_sum(t->coll, sums, 2, COLL_F64) != 0)
     return -1;
-  /* the reduce-scatter sums the ranks' grads of summed losses: scale_grads
-   * by 1 / (all ranks' counted tokens), torchtune's normalisation */
-  Ref nt = graph_find_input(t->g, "num_tokens"), ws = graph_find_input(t->g, "world_size");
-  Ref sr = graph_find_input(t->g, "step"), lr = graph_find_input(t->g, "lr");
-  if (nt != NOREF)
-    t->inputs[nt] = MAX(1.0, sums[1]);
-  if (ws != NOREF)
-    t->inputs[ws] = 1.0;
-  if (sr != NOREF)
-    t->inputs[sr] = t->f.step + 1;
-  log->lr = sched_lr(&t->sched, t->base_lr, t->step + 1);
-  if (lr != NOREF)
-    t->inputs[lr] = log->lr;
-  double t2 = now_seconds();
-  StepResult res;
-  if (fsdp_step(&t->f, &t->ex, t->inputs, &res) != 0)
-    return -1;
-  double t3 = now_seconds();
+  ASSERT(sums[1] == counted || !t->in_bwd || t->world > 1); /* one rank: what l4_run counted */
+  double t2 = now_seconds(), t3, stepped = 0, hidden = 0;
+  StepResult res = {0};
+  if (t->in_bwd) { /* stepped in the backward, unit by unit */
+    t->f.step += 1;
+    t3 = t2;
+    stepped = s1.step_s - s0.step_s, hidden = s1.step_hidden_s - s0.step_hidden_s;
+  } else {
+    step_inputs(t, sums[1], &log->lr);
+    if (fsdp_step(&t->f, &t->ex, t->inputs, &res) != 0)
+      return -1;
+    t3 = now_seconds();
+  }
   if (res.skipped && r->nonfinite == NONFINITE_ERROR) {
     error("step %ld: non-finite gradients (nonfinite_grads: error)", t->step + 1);
     return -1;
@@ -908,9 +982,12 @@ static int train_step(Trainer *t, StepLog *log) {
   log->grad_norm = r->has_clip && res.nred > 0 ? sqrt(res.red[0]) : NAN;
   log->skipped = res.skipped;
   log->seconds = now_seconds() - t0;
+  /* the model's thread waited for the units' collectives, and for the
+   * steps in the backward that were not hidden behind it */
   t->t_fwdbwd += t1 - t0 - waited;
-  t->t_coll += t2 - t1 + waited;
-  t->t_opt += t3 - t2;
+  t->t_coll += t2 - t1 + waited - (stepped - hidden);
+  t->t_opt += t3 - t2 + stepped;
+  t->t_opt_hidden += hidden;
   return 0;
 }
 
@@ -1022,6 +1099,9 @@ int train_run(Recipe *r, Coll *coll, const TrainOptions *opt, TrainResult *out) 
               s.gathers, s.reduces, s.gather_s + s.reduce_s, s.wait_s,
               s.threaded ? "on a thread of their own" : "on the model's thread", s.spans_wide, s.spans_narrow,
               s.span_bytes / (1 << 20));
+      if (t.in_bwd)
+        fprintf(stderr, "  optimizer_in_bwd: %ld units stepped in the backward, %.2f s, %.2f s of it beside the "
+                        "backward\n", s.steps, s.step_s, s.step_hidden_s);
     }
   }
   if (out) {
@@ -1055,6 +1135,8 @@ out:
   if (t.f.g)
     fsdp_free(&t.f);
   executor_free(&t.ex);
+  if (t.ex_unit.g)
+    executor_free(&t.ex_unit);
   free(t.tensors);
   free(t.inputs);
   return rc;

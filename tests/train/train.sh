@@ -3,6 +3,8 @@
 #   1. compiled and eager optimizers give identical losses, bit for bit, over 10 steps;
 #      on 2 and 3 ranks too, and with fsdp_reshard_after_forward false or
 #      fsdp_overlap true, with identical checkpoints (params and optimizer states);
+#      optimizer_in_bwd (each unit stepped in the backward) gives the same
+#      bits, and refuses clip_grad_norm;
 #   2. 1 rank with 2 accumulation steps and 2 ranks with 1 see the same global
 #      batches; their losses agree within 1e-4 relative over 10 steps (the
 #      grads are summed in a different order: accumulation, then the
@@ -53,6 +55,31 @@ if [ "$mpi" = yes ]; then
     done
     echo "$n ranks: $a (compiled = eager = kept params = collectives on their own thread; checkpoints identical)"
   done
+
+  echo "== 1c. optimizer_in_bwd: each unit stepped once its grads are in, during the backward (on the"
+  echo "   collectives' thread, or at once), gives the bits of the step after it (no clip, propagate)"
+  nc="clip_grad_norm=null nonfinite_grads=propagate dataset.holdout_fraction=0"
+  for v in "--nproc 2:" "--nproc 2:fsdp_overlap=true" "--nproc 3:fsdp_overlap=true compile.optimizer_step=false" \
+           "--nproc 2:fsdp_overlap=true gradient_accumulation_steps=2"; do
+    np=${v%%:*} extra=${v#*:}
+    "$optc" run $np full_finetune_distributed --config "$cfg" max_steps=6 output_dir="$work/ia" $nc $extra 2> "$work/ia.log"
+    "$optc" run $np full_finetune_distributed --config "$cfg" max_steps=6 output_dir="$work/ib" $nc $extra \
+      optimizer_in_bwd=true 2> "$work/ib.log"
+    a=$(losses "$work/ia/logs/metrics.jsonl"); b=$(losses "$work/ib/logs/metrics.jsonl")
+    [ "$a" = "$b" ] || { echo "FAIL: $np $extra: optimizer_in_bwd's losses differ: $a / $b"; exit 1; }
+    for f in model.safetensors optimizer.safetensors; do
+      cmp -s "$work/ia/step_6/$f" "$work/ib/step_6/$f" || { echo "FAIL: $np $extra: $f differs with optimizer_in_bwd"; exit 1; }
+    done
+    grep -q "optimizer_in_bwd" "$work/ib.log" && grep -q "units stepped in the backward" "$work/ib.log" ||
+      { cat "$work/ib.log"; echo "FAIL: no report of the steps in the backward"; exit 1; }
+    echo "$np $extra: $b (the same bits with optimizer_in_bwd)"
+    rm -rf "$work/ia" "$work/ib"
+  done
+  if "$optc" run full_finetune_distributed --config "$cfg" max_steps=1 optimizer_in_bwd=true output_dir="$work/ic" \
+       2> "$work/ic.log"; then
+    echo "FAIL: optimizer_in_bwd with clip_grad_norm ran"; exit 1
+  fi
+  grep "optimizer_in_bwd: True steps each layer" "$work/ic.log" || { cat "$work/ic.log"; exit 1; }
 
   echo "== 2. one rank with 2 accumulation steps against two ranks"
   "$optc" run full_finetune_distributed --config "$cfg" max_steps=10 output_dir="$work/w1" gradient_accumulation_steps=2 2> "$work/w1.log"
