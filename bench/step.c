@@ -10,21 +10,25 @@
 #include <string.h>
 
 static const char usage[] =
-    "usage: optc bench step --config CONFIG [--steps N] [--reps R] [--json FILE] [KEY=VALUE ...]\n"
+    "usage: optc bench step --config CONFIG [--nproc N] [--steps N] [--reps R] [--json FILE] [KEY=VALUE ...]\n"
     "\n"
     "Trains the recipe for N steps (default 40) from the same start with the\n"
     "optimizer step compiled and eager, alternating, R times each (default 3),\n"
     "and prints the median tokens/s side by side, each run's loss at its first\n"
     "and last step and its held-out loss before and after, and the median time\n"
-    "per step of forward+backward, collectives and the optimizer. No\n"
-    "checkpoints or metrics files are written.\n";
+    "per step of forward+backward, collectives and the optimizer. With --nproc\n"
+    "N (N ranks under mpirun, FSDP) also the units' all-gathers and\n"
+    "reduce-scatters: their time and what of it the model waited for, and,\n"
+    "with optimizer_in_bwd=true, the optimizer's time hidden behind the\n"
+    "backward. No checkpoints or metrics files are written.\n";
 
 static int write_text(FILE *f, void *ctx) { return fputs(ctx, f) < 0 ? -1 : 0; }
 
 int bench_step(int argc, char **argv) {
   const char *config = NULL, *json_path = NULL;
   long steps = 40;
-  int reps = 3;
+  int reps = 3, nproc = 1;
+  bool mpi_rank = false; /* one of --nproc's ranks, started by mpirun */
   const char **ov = calloc((size_t)argc + 2, sizeof(char *));
   int nov = 0;
   for (int i = 0; i < argc; i++) {
@@ -35,6 +39,17 @@ int bench_step(int argc, char **argv) {
       return 0;
     } else if (v && !strcmp(a, "--config")) {
       config = v, i++;
+    } else if (!strcmp(a, "--mpi-rank")) {
+      mpi_rank = true;
+    } else if (v && !strcmp(a, "--threads")) {
+      i++; /* the launcher passes it; the trainer divides the cores itself */
+    } else if (v && !strcmp(a, "--nproc")) {
+      nproc = atoi(v), i++;
+      if (nproc < 1 || nproc > 4096) {
+        error("--nproc needs a whole number from 1 to 4096");
+        free(ov);
+        return 2;
+      }
     } else if (v && !strcmp(a, "--json")) {
       json_path = v, i++;
     } else if (v && !strcmp(a, "--reps")) {
@@ -64,6 +79,30 @@ int bench_step(int argc, char **argv) {
     free(ov);
     return 2;
   }
+  if (nproc > 1 && !mpi_rank) { /* every rank runs this command; --nproc itself goes */
+    char **av = calloc((size_t)argc + 3, sizeof(char *));
+    int k = 0;
+    av[k++] = "bench", av[k++] = "step";
+    for (int i = 0; i < argc; i++) {
+      if (!strcmp(argv[i], "--nproc")) {
+        i++;
+        continue;
+      }
+      av[k++] = argv[i];
+    }
+    int rc = launch_mpirun(nproc, k, av, 0);
+    free(av);
+    free(ov);
+    return rc;
+  }
+  char why[256];
+  Coll *coll = mpi_rank ? coll_mpi(NULL, NULL, why, sizeof why) : coll_local();
+  if (!coll) {
+    error("%s", why);
+    free(ov);
+    return 1;
+  }
+  bool talk = coll_rank(coll) == 0;
   /* The machine's noise moves whole runs: alternate the two, keep the median. */
   TrainResult all[2][16] = {{{0}}};
   reps = MIN(reps, 16);
@@ -74,15 +113,17 @@ int bench_step(int argc, char **argv) {
       ov[nov] = k == 0 ? "compile.optimizer_step=true" : "compile.optimizer_step=false";
       Arena *arena = arena_new();
       Recipe *r = recipe_load(config, ov, nov + 1, arena);
-      Coll *coll = coll_local();
-      fprintf(stderr, "\n== %s optimizer, run %d of %d\n", name[k], rep + 1, reps);
-      if (!r || train_run(r, coll, &(TrainOptions){.steps = steps, .bench = true, .eval = rep == 0}, &all[k][rep]) != 0)
+      if (talk)
+        fprintf(stderr, "\n== %s optimizer, run %d of %d\n", name[k], rep + 1, reps);
+      TrainOptions to = {.steps = steps, .bench = true, .eval = rep == 0, .quiet = !talk};
+      if (!r || train_run(r, coll, &to, &all[k][rep]) != 0)
         rc = 1;
-      coll_free(coll);
       arena_free(arena);
     }
+  int world = coll_size(coll);
+  coll_free(coll);
   free(ov);
-  if (rc != 0)
+  if (rc != 0 || !talk)
     return rc;
   TrainResult res[2];
   for (int k = 0; k < 2; k++) {
@@ -100,13 +141,17 @@ int bench_step(int argc, char **argv) {
     res[k].heldout_before = all[k][0].heldout_before;
     res[k].heldout_after = all[k][0].heldout_after;
   }
-  double ms[2][3];
+  double ms[2][3], unit_ms[2][2], hidden_ms[2];
   for (int k = 0; k < 2; k++) {
     ms[k][0] = res[k].t_fwdbwd / res[k].steps * 1e3;
     ms[k][1] = res[k].t_coll / res[k].steps * 1e3;
     ms[k][2] = res[k].t_opt / res[k].steps * 1e3;
+    unit_ms[k][0] = res[k].t_units / res[k].steps * 1e3;
+    unit_ms[k][1] = res[k].t_units_waited / res[k].steps * 1e3;
+    hidden_ms[k] = res[k].t_opt_hidden / res[k].steps * 1e3;
   }
-  printf("\noptc bench step: %s, %ld steps, median of %d runs each\n", config, res[0].steps, reps);
+  printf("\noptc bench step: %s, %d rank%s, %ld steps, median of %d runs each (rank 0's figures)\n", config, world,
+         world == 1 ? "" : "s", res[0].steps, reps);
   printf("  %-26s %14s %14s\n", "", "compiled", "eager");
   printf("  %-26s %14.0f %14.0f   (%.2fx)\n", "tokens/s per rank", res[0].tokens_per_second,
          res[1].tokens_per_second, res[0].tokens_per_second / res[1].tokens_per_second);
@@ -117,17 +162,26 @@ int bench_step(int argc, char **argv) {
   printf("  %-26s %14.2f %14.2f\n", "forward+backward ms/step", ms[0][0], ms[1][0]);
   printf("  %-26s %14.2f %14.2f\n", "collectives ms/step", ms[0][1], ms[1][1]);
   printf("  %-26s %14.2f %14.2f   (%.1fx)\n", "optimizer ms/step", ms[0][2], ms[1][2], ms[1][2] / ms[0][2]);
+  if (world > 1 || res[0].units.steps > 0) {
+    printf("  %-26s %14.2f %14.2f   (%s)\n", "units' collectives ms/step", unit_ms[0][0], unit_ms[1][0],
+           res[0].units.threaded ? "on a thread of their own" : "on the model's thread");
+    printf("  %-26s %14.2f %14.2f\n", "  of which waited for", unit_ms[0][1], unit_ms[1][1]);
+    printf("  %-26s %14.2f %14.2f   (%s)\n", "optimizer hidden ms/step", hidden_ms[0], hidden_ms[1],
+           res[0].units.steps > 0 ? "optimizer_in_bwd" : "stepped after the backward: nothing hidden");
+  }
   printf("  (the two runs' losses are %s)\n", res[0].last_loss == res[1].last_loss ? "identical, bit for bit" : "DIFFERENT");
   if (json_path) {
-    json_t *o = json_pack("{s:s, s:I, s:[]}", "config", config, "steps", (json_int_t)res[0].steps, "results");
+    json_t *o = json_pack("{s:s, s:i, s:I, s:[]}", "config", config, "nproc", world, "steps", (json_int_t)res[0].steps,
+                          "results");
     for (int k = 0; k < 2; k++)
       json_array_append_new(json_object_get(o, "results"),
-                            json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "optimizer", name[k],
-                                      "tokens_per_second_per_rank", res[k].tokens_per_second, "first_loss",
+                            json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "optimizer",
+                                      name[k], "tokens_per_second_per_rank", res[k].tokens_per_second, "first_loss",
                                       res[k].first_loss, "last_loss", res[k].last_loss, "heldout_before",
                                       res[k].heldout_before, "heldout_after", res[k].heldout_after,
                                       "forward_backward_ms", ms[k][0], "collectives_ms", ms[k][1], "optimizer_ms",
-                                      ms[k][2]));
+                                      ms[k][2], "unit_collectives_ms", unit_ms[k][0], "unit_collectives_waited_ms",
+                                      unit_ms[k][1], "optimizer_hidden_ms", hidden_ms[k]));
     json_object_set_new(o, "speedup", json_real(res[0].tokens_per_second / res[1].tokens_per_second));
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     rc = file_write_atomic_with(json_path, write_text, text) ? 1 : 0;

@@ -430,7 +430,10 @@ typedef struct {
 
 typedef struct {
   double first_loss, last_loss, heldout_before, heldout_after, tokens_per_second;
-  double t_fwdbwd, t_coll, t_opt; /* seconds */
+  double t_fwdbwd, t_coll, t_opt; /* seconds: the model's compute; collectives it waited for; the optimizer */
+  double t_opt_hidden;            /* of t_opt, what ran beside the backward (optimizer_in_bwd) */
+  double t_units, t_units_waited; /* the units' gathers and reduce-scatters, and what of them was waited for */
+  FsdpRunStats units;
   long steps;
   double *losses; /* when set: each step's loss, up to max_losses */
   int nlosses, max_losses;

@@ -1113,6 +1113,10 @@ int train_run(Recipe *r, Coll *coll, const TrainOptions *opt, TrainResult *out) 
     out->t_fwdbwd = t.t_fwdbwd;
     out->t_coll = t.t_coll;
     out->t_opt = t.t_opt;
+    out->t_opt_hidden = t.t_opt_hidden;
+    out->t_units = t.t_units;
+    out->t_units_waited = t.t_units_waited;
+    out->units = fsdp_run_stats(t.run);
     out->steps = t.step;
   }
   rc = 0;
