@@ -122,6 +122,7 @@ static const KeySpec top_keys[] = {
     {"dtype", K_STR}, {"metric_logger", K_MAP}, {"log_every_n_steps", K_INT},
     {"run_val_every_n_steps", K_INT_OR_NULL}, {"save_every_n_steps", K_INT_OR_NULL},
     {"collate_fn", K_STR}, {"fsdp_reshard_after_forward", K_BOOL}, {"optimizer_in_bwd", K_BOOL},
+    {"enable_activation_checkpointing", K_BOOL},
     /* optc */
     {"optimizer_state_dtype", K_STR}, {"master_weights", K_BOOL}, {"stochastic_rounding", K_BOOL},
     {"nonfinite_grads", K_STR}, {"max_steps", K_INT_OR_NULL}, {"write_back_grads", K_BOOL},
@@ -129,7 +130,7 @@ static const KeySpec top_keys[] = {
     /* torchtune's, accepted but not used by optc: where the work runs, how it
      * is split across devices, what is logged or profiled, and validation,
      * none of which changes the trained weights */
-    {"device", K_STR}, {"enable_activation_checkpointing", K_BOOL},
+    {"device", K_STR},
     {"enable_activation_offloading", K_BOOL}, {"activation_offloading_use_streams", K_BOOL},
     {"log_peak_memory_stats", K_BOOL}, {"log_level", K_ANY},
     {"profiler", K_MAP_OR_NULL}, {"tensor_parallel_dim", K_INT}, {"tensor_parallel_plan", K_MAP_OR_NULL},

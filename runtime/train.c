@@ -140,6 +140,14 @@ static bool fsdp_overlap(const Recipe *r, const Coll *coll, bool *ok) {
   return yes;
 }
 
+/* enable_activation_checkpointing, torchtune's default False. */
+static bool activation_checkpointing(const Recipe *r, bool *ok) {
+  const YamlNode *v = yaml_get(r->root, "enable_activation_checkpointing");
+  bool b = false;
+  *ok = !v || yaml_is_null(v) || yaml_bool(v, "enable_activation_checkpointing", &b);
+  return b;
+}
+
 /* fsdp_reshard_after_forward, torchtune's default True. */
 static bool reshard_after_forward(const Recipe *r, bool *ok) {
   const YamlNode *v = yaml_get(r->root, "fsdp_reshard_after_forward");
@@ -179,7 +187,7 @@ void rank_memory(const Recipe *r, const L4Config *c, const Graph *g, int world, 
                       &m->wide, &m->narrow);
   m->span_elems = (double)most + 1;
   m->spans = m->span_elems * (4.0 * m->wide + 2.0 * m->narrow);
-  m->acts = (double)l4_workspace_bytes_for(c, batch, seq, threads);
+  m->acts = (double)l4_workspace_bytes_ac(c, batch, seq, threads, activation_checkpointing(r, &ok));
   m->process = resident_now();
   m->total = m->params + m->grads + m->states + m->spans + m->acts + m->process;
   free(tt);
@@ -782,6 +790,13 @@ static int setup(Trainer *t) {
     error("%s: %s", r->path, why);
     return -1;
   }
+  bool ac_ok;
+  if (activation_checkpointing(r, &ac_ok) && l4_set_checkpointing(t->model, 1) != 0) {
+    error("%s: out of memory for the checkpointed activations", r->path);
+    return -1;
+  }
+  if (!ac_ok)
+    return -1;
   t->ntensors = l4_tensors(&t->cfg, NULL);
   t->tensors = calloc((size_t)t->ntensors, sizeof(L4Tensor));
   l4_tensors(&t->cfg, t->tensors);

@@ -17,6 +17,8 @@
  * 5. FSDP's hooks: with every unit's params and grads only valid between
  *    its hooks, the bits of a run without them, in the documented order;
  *    a failing hook stops the run.
+ * 6. Activation checkpointing: the bits of a run that keeps every layer's
+ *    activations, Scout- and Maverick-shaped, accumulating.
  * Then one timed forward+backward, printed, never asserted.
  * Exits 0 when every check passes. */
 #include <math.h>
@@ -810,6 +812,55 @@ static void hooks_check(void) {
   printf("  %s\n", failures ? "failed" : "ok");
 }
 
+/* ---- 6. activation checkpointing --------------------------------------------------------
+ * One layer's activations kept, each layer's forward recomputed in its
+ * backward: the loss and every gradient are the bits of the run that keeps
+ * them all, on a pool of 2 threads, Scout- and Maverick-shaped (dense
+ * layers between MoE ones), with accumulation over two batches, and the
+ * workspace is smaller. */
+static void checkpoint_case(const char *label, L4Config c) {
+  Params P = params_create(&c, 0.05);
+  Batches bb;
+  batches_make(&bb, c.vocab_size);
+  char err[256];
+  ThreadPool *pool = pool_create(2);
+  L4Model *keep = l4_create(&c, 2, 10, err, sizeof err), *ck = l4_create(&c, 2, 10, err, sizeof err);
+  CHECK(keep && ck && l4_set_pool(keep, pool) == 0 && l4_set_pool(ck, pool) == 0, "%s", err);
+  size_t before = l4_workspace_bytes(ck);
+  CHECK(l4_set_checkpointing(ck, 1) == 0, "l4_set_checkpointing");
+  CHECK(l4_workspace_bytes(ck) < before &&
+            l4_workspace_bytes(ck) == l4_workspace_bytes_ac(&c, 2, 10, 2, 1),
+        "%s: checkpointed workspace %zu bytes, %zu without", label, l4_workspace_bytes(ck), before);
+  float **g2 = xcalloc((size_t)P.n, sizeof(float *));
+  for (int t = 0; t < P.n; t++)
+    g2[t] = xcalloc((size_t)P.t[t].numel, sizeof(float));
+  params_zero_grads(&P);
+  int64_t n0, n1;
+  double a = l4_run(keep, P.pf, P.gf, &bb.packed, &n0) + l4_run(keep, P.pf, P.gf, &bb.plain, &n0);
+  double b = l4_run(ck, P.pf, g2, &bb.packed, &n1) + l4_run(ck, P.pf, g2, &bb.plain, &n1);
+  int bad = 0;
+  for (int t = 0; t < P.n; t++)
+    bad += memcmp(g2[t], P.gf[t], sizeof(float) * (size_t)P.t[t].numel) != 0;
+  CHECK(memcmp(&a, &b, sizeof a) == 0 && bad == 0, "%s: checkpointed loss %.17g vs %.17g, %d tensors' grads differ",
+        label, b, a, bad);
+  for (int t = 0; t < P.n; t++)
+    free(g2[t]);
+  free(g2);
+  l4_free(keep);
+  l4_free(ck);
+  pool_free(pool);
+  params_free(&P);
+}
+
+static void checkpoint_check(void) {
+  printf("activation checkpointing:\n");
+  L4Config c = small_config();
+  c.num_layers = 4;
+  checkpoint_case("Scout-shaped", c);
+  checkpoint_case("Maverick-shaped", maverick_config());
+  printf("  %s\n", failures ? "failed" : "ok");
+}
+
 /* ---- timing (printed, never asserted) ----------------------------------------------------- */
 static double now(void) {
   struct timespec ts;
@@ -863,6 +914,7 @@ int main(void) {
   contract_checks(&bb);
   thread_checks();
   hooks_check();
+  checkpoint_check();
   printf("%s\n", blas_describe(2));
   timing(1, 1);
   timing(1, 2);

@@ -87,6 +87,7 @@ struct L4Model {
   ThreadPool *pool;
   int nslots;
   void *scratch;       /* (nslots, 2, max_seq, max_seq) attention scores per thread */
+  int ac;              /* activation checkpointing: one layer's activations kept, each recomputed in backward */
   L4Hooks hooks;       /* a sharded caller's, around each unit (l4_set_hooks) */
   int hooks_failed;    /* a hook returned -1 in this run */
 };
@@ -468,8 +469,28 @@ size_t l4_workspace_bytes(const L4Model *m) {
          m->elem * 2 * (size_t)m->max_seq * m->max_seq * (size_t)m->nslots;
 }
 
+int l4_set_checkpointing(L4Model *m, int on) {
+  on = !!on;
+  if (on == m->ac) return 0;
+  int was = m->ac;
+  m->ac = on;
+  size_t numel = m->elem == sizeof(float) ? acts_bind_f32(m, NULL, NULL) : acts_bind_f64(m, NULL, NULL);
+  void *acts = malloc(numel * m->elem);
+  if (!acts) {
+    m->ac = was;
+    return -1;
+  }
+  free(m->acts);
+  m->acts = acts, m->acts_bytes = numel * m->elem;
+  return 0;
+}
+
 size_t l4_workspace_bytes_for(const L4Config *c, int max_batch, int max_seq, int threads) {
-  L4Model m = {.c = *c, .max_batch = max_batch, .max_seq = max_seq, .elem = sizeof(float)};
+  return l4_workspace_bytes_ac(c, max_batch, max_seq, threads, 0);
+}
+
+size_t l4_workspace_bytes_ac(const L4Config *c, int max_batch, int max_seq, int threads, int ac) {
+  L4Model m = {.c = *c, .max_batch = max_batch, .max_seq = max_seq, .elem = sizeof(float), .ac = !!ac};
   m.acts_bytes = acts_bind_f32(&m, NULL, NULL) * sizeof(float);
   m.ints_bytes = ints_bytes(c, (size_t)max_batch * max_seq);
   m.nslots = threads > 0 ? threads : 1;

@@ -94,6 +94,16 @@ size_t l4_workspace_bytes(const L4Model *m);
  * the attention scratch of `threads` threads (l4_set_pool), without
  * creating it: for memory plans. */
 size_t l4_workspace_bytes_for(const L4Config *c, int max_batch, int max_seq, int threads);
+/* ... with activation checkpointing on (ac 1) or off. */
+size_t l4_workspace_bytes_ac(const L4Config *c, int max_batch, int max_seq, int threads, int ac);
+/* Activation checkpointing (torchtune's enable_activation_checkpointing):
+ * the forward keeps each layer's input alone, and each layer's backward
+ * first recomputes its forward from it, in the one layer's worth of
+ * activations the workspace then has (reallocated here). The same bits as
+ * without; the last layer's activations are still there, so it is not
+ * recomputed. 0, or -1 when the new workspace cannot be allocated (the
+ * model is unchanged). */
+int l4_set_checkpointing(L4Model *m, int on);
 /* Runs the model's phases on pool's threads from now on (NULL: on the
  * caller's alone, the default), with the BLAS called from each thread
  * single-threaded; the pool is the caller's, shared with whatever else

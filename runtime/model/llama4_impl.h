@@ -122,11 +122,16 @@ static size_t SUF(acts_bind)(const L4Model *m, REAL *base, SUF(Acts) *a) {
   size_t Lm = moe_layers_before(c, c->num_layers), Ld = L - Lm;
   size_t Hm = Ld ? (size_t)c->mlp_hidden_dim : 0;
   size_t Hmax = Hs > Hm ? Hs : Hm;
+  size_t mlp = N * (Lm * Hs + Ld * Hm); /* sg and su: every layer's MLP width */
+  if (m->ac) { /* activation checkpointing: one layer's activations, recomputed for each backward */
+    mlp = N * Hmax;
+    L = 1, Lm = Lm ? 1 : 0;
+  }
   SUF(Acts) unused;
   if (!a) a = &unused;
   size_t off = 0;
 #define TAKE(f, n) (a->f = base ? base + off : NULL, off += (n))
-  TAKE(res, (L + 1) * N * D);
+  TAKE(res, ((size_t)c->num_layers + 1) * N * D); /* every layer's input, checkpointed or not */
   TAKE(h, L * N * D);
   TAKE(ln1, L * N * D);
   TAKE(ln1_rstd, L * N);
@@ -141,8 +146,8 @@ static size_t SUF(acts_bind)(const L4Model *m, REAL *base, SUF(Acts) *a) {
   TAKE(ln2_rstd, L * N);
   TAKE(score, L * N);
   TAKE(gu, Lm * N * 2 * H);
-  TAKE(sg, N * (Lm * Hs + Ld * Hm));
-  TAKE(su, N * (Lm * Hs + Ld * Hm));
+  TAKE(sg, mlp);
+  TAKE(su, mlp);
   TAKE(lnf, N * D);
   TAKE(lnf_rstd, N);
   TAKE(rope_cos, N * (hd / 2));
@@ -184,16 +189,19 @@ static SUF(LayerActs) SUF(layer_acts)(const L4Model *m, const SUF(Acts) *a, int 
   int moe = l4_layer_is_moe(c, l);
   size_t Lm = moe_layers_before(c, l), Ld = L - Lm; /* layers before l of each kind */
   size_t mlp = N * (Lm * c->shared_hidden_dim + Ld * c->mlp_hidden_dim);
+  const REAL *res = a->res;
+  if (m->ac) /* checkpointed: every layer's activations in the one slot, its input in res[l] */
+    L = 0, Lm = 0, mlp = 0;
   return (SUF(LayerActs)){
-    .x = a->res + L * N * D, .h = a->h + L * N * D, .out = a->res + (L + 1) * N * D,
+    .x = (REAL *)res + (size_t)l * N * D, .h = a->h + L * N * D, .out = (REAL *)res + (size_t)(l + 1) * N * D,
     .ln1 = a->ln1 + L * N * D, .ln1_rstd = a->ln1_rstd + L * N,
     .q = a->q + L * N * nh * hd, .q_rstd = a->q_rstd + L * N * nh,
     .k = a->k + L * N * nkv * hd, .k_rstd = a->k_rstd + L * N * nkv,
     .v = a->v + L * N * nkv * hd, .lse = a->lse + L * N * nh, .att = a->att + L * N * nh * hd,
     .ln2 = a->ln2 + L * N * D, .ln2_rstd = a->ln2_rstd + L * N, .score = a->score + L * N,
     .gu = moe ? a->gu + Lm * N * 2 * c->hidden_dim : NULL, .sg = a->sg + mlp, .su = a->su + mlp,
-    .choice = m->choice + L * N, .order = m->order + L * N,
-    .offsets = m->offsets + L * (c->num_experts + 1),
+    .choice = m->choice + (size_t)l * N, .order = m->order + (size_t)l * N,
+    .offsets = m->offsets + (size_t)l * (c->num_experts + 1),
     .moe = moe, .mw = moe ? c->shared_hidden_dim : c->mlp_hidden_dim,
   };
 }
@@ -955,6 +963,9 @@ static double SUF(model_run)(L4Model *m, REAL *const *p, REAL *const *g, const L
     la = SUF(layer_acts)(m, &a, l);
     SUF(LayerW) w = SUF(layer_weights)(c, p, l), gw = SUF(layer_weights)(c, g, l);
     ph.la = &la, ph.w = &w, ph.gw = &gw, ph.l = l;
+    /* checkpointed: the layer's forward again from its input (the same
+     * bits), but for the last, whose activations are still in the slot */
+    if (m->ac && l < L - 1) SUF(layer_forward)(&ph);
     SUF(layer_backward)(&ph);
     if (hook(m, 0, 1 + l, L4_BACKWARD)) return NAN;
   }

@@ -5,7 +5,8 @@
 # memory a run reports (getrusage's maxrss, rank 0, which also writes the
 # checkpoint), on a ~30M-param Scout-shaped config, in fp32 for 1 rank
 # and, with MPI, 2 and 3, and in bf16 (f32 copies of the units in use) for
-# 1 and 2 (and with fsdp_overlap), each within 10%. With MPI, a 196M-param one too, on 1 and 2
+# 1 and 2 (and with fsdp_overlap, and activation checkpointing, which
+# must hold less), each within 10%. With MPI, a 196M-param one too, on 1 and 2
 # ranks: within 10%, and two ranks' peak below 60% of one's (FSDP shards
 # params, grads and states at rest).
 #   memory.sh OPTC PYTHON ROOT [MPI yes|no] [SANITIZE]
@@ -20,6 +21,9 @@ cfg=$root/recipes/configs/llama4/scout_tiny_full.yaml
 small="model.embed_dim=256 model.hidden_dim=256 model.vocab_size=32000 max_steps=2 dataset.holdout_fraction=0"
 # the same with the units' collectives on their own thread: the next unit's params and the last one's grads too
 overlap="$small fsdp_overlap=true"
+# with activation checkpointing: one layer's activations, batch 8 (more activations to save)
+checkpointed="$small enable_activation_checkpointing=true batch_size=8"
+kept="$small batch_size=8"
 # 196M params in 26 units, none over 8M: the shards dominate, as in a real model
 big="model.num_layers=24 model.num_heads=6 model.num_kv_heads=2 model.embed_dim=384 model.hidden_dim=384
      model.vocab_size=8192 max_steps=2 dataset.holdout_fraction=0 batch_size=1"
@@ -27,8 +31,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cases="small:1:fp32 small:1:bf16"
-[ "$mpi" = yes ] && cases="small:1:fp32 small:2:fp32 small:3:fp32 small:1:bf16 small:2:bf16 overlap:2:bf16 big:1:fp32
-  big:2:fp32"
+[ "$mpi" = yes ] && cases="small:1:fp32 small:2:fp32 small:3:fp32 small:1:bf16 small:2:bf16 overlap:2:bf16 kept:2:fp32
+  checkpointed:2:fp32 big:1:fp32 big:2:fp32"
 failed=0
 for c in $cases; do
   size=${c%%:*} rest=${c#*:}
@@ -66,7 +70,11 @@ peak = {tuple(l.split()[:3]): float(l.split()[3]) for l in open(sys.argv[1])}
 one, two = peak[("big", "1", "fp32")], peak[("big", "2", "fp32")]
 print("196M params, fp32: 1 rank's peak %.3f GiB, 2 ranks' %.3f GiB each: %.1f%% of one (needs < 60%%)" %
       (one / 2**30, two / 2**30, 100 * two / one))
-sys.exit(0 if two < 0.6 * one else 1)
+ok = two < 0.6 * one
+kept, ck = peak[("kept", "2", "fp32")], peak[("checkpointed", "2", "fp32")]
+print("batch 8, 2 ranks: %.3f GiB keeping every layer's activations, %.3f GiB with activation checkpointing" %
+      (kept / 2**30, ck / 2**30))
+sys.exit(0 if ok and ck < kept else 1)
 PY
 fi
 [ $failed = 0 ] && echo "ok: optc plan within 10% of the measured peak: $cases"

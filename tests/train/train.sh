@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The finetune, end to end, on the tiny Scout config and the default data:
 #   1. compiled and eager optimizers give identical losses, bit for bit, over 10 steps;
-#      on 2 and 3 ranks too, and with fsdp_reshard_after_forward false or
-#      fsdp_overlap true, with identical checkpoints (params and optimizer states);
+#      on 2 and 3 ranks too, and with fsdp_reshard_after_forward false,
+#      fsdp_overlap true or enable_activation_checkpointing true, with
+#      identical checkpoints (params and optimizer states);
 #      optimizer_in_bwd (each unit stepped in the backward) gives the same
 #      bits, and refuses clip_grad_norm;
 #   2. 1 rank with 2 accumulation steps and 2 ranks with 1 see the same global
@@ -35,7 +36,7 @@ echo "compiled: $a"; echo "eager:    $b"
 if [ "$mpi" = yes ]; then
   echo "== 1b. on 2 and 3 ranks (FSDP: params, grads and states sharded unit by unit), compiled, eager, with"
   echo "   every unit's params kept from forward to backward, and with the units' collectives on a thread of"
-  echo "   their own (prefetching), are the same bits: losses and the checkpoint"
+  echo "   their own (prefetching), and with activation checkpointing, are the same bits: losses and the checkpoint"
   for n in 2 3; do
     "$optc" run --nproc $n full_finetune_distributed --config "$cfg" max_steps=6 output_dir="$work/c$n" 2> "$work/c$n.log"
     "$optc" run --nproc $n full_finetune_distributed --config "$cfg" max_steps=6 output_dir="$work/e$n" \
@@ -44,8 +45,10 @@ if [ "$mpi" = yes ]; then
       fsdp_reshard_after_forward=false 2> "$work/k$n.log"
     "$optc" run --nproc $n full_finetune_distributed --config "$cfg" max_steps=6 output_dir="$work/o$n" \
       fsdp_overlap=true 2> "$work/o$n.log"
+    "$optc" run --nproc $n full_finetune_distributed --config "$cfg" max_steps=6 output_dir="$work/a$n" \
+      enable_activation_checkpointing=true 2> "$work/a$n.log"
     a=$(losses "$work/c$n/logs/metrics.jsonl")
-    for other in e k o; do
+    for other in e k o a; do
       b=$(losses "$work/$other$n/logs/metrics.jsonl")
       [ "$a" = "$b" ] || { echo "FAIL: $n ranks: compiled and $other's losses differ: $a / $b"; exit 1; }
       for f in model.safetensors optimizer.safetensors; do
@@ -53,7 +56,8 @@ if [ "$mpi" = yes ]; then
           { echo "FAIL: $n ranks: $f differs between compiled and $other"; exit 1; }
       done
     done
-    echo "$n ranks: $a (compiled = eager = kept params = collectives on their own thread; checkpoints identical)"
+    echo "$n ranks: $a (compiled = eager = kept params = collectives on their own thread = activation"
+    echo "  checkpointing; checkpoints identical)"
   done
 
   echo "== 1c. optimizer_in_bwd: each unit stepped once its grads are in, during the backward (on the"
