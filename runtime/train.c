@@ -215,6 +215,34 @@ static int check_memory(Trainer *t, int batch, int seq) {
           r->path, m.total / (1 << 30), m.params / (1 << 30), m.grads / (1 << 30), m.states / (1 << 30),
           m.spans / (1 << 30), m.acts / (1 << 30), m.process / (1 << 30), (double)l4_param_count(&t->cfg), t->world,
           t->world == 1 ? "" : "s", avail / (1 << 30));
+    /* What would: the fewest ranks with a machine like this one each
+     * (the shards shrink with the ranks; the units in use, the
+     * activations and the process do not). */
+    double machine = mem_available();
+    int threads = pool_default_threads(), need = 0;
+    RankMemory x, most; /* most: on very many ranks, where the shards are nearly nothing */
+    rank_memory(r, &t->cfg, t->g, 4096, batch, seq, threads, fsdp_overlap(r, t->coll, &ok), &most);
+    double floor = most.spans + most.acts + most.process;
+    for (int n = t->world; n <= 4096 && !need && most.total <= machine; n = n < 64 ? n + 1 : n * 2) {
+      rank_memory(r, &t->cfg, t->g, n, batch, seq, threads, fsdp_overlap(r, t->coll, &ok), &x);
+      if (x.total <= machine)
+        need = n;
+    }
+    if (need)
+      fprintf(stderr, "optc: %d ranks of one such machine each would hold it: %.1f GiB each (shards %.1f, units in "
+                      "use %.1f, activations %.1f GiB); a multi-node MPI job: mpirun -np %d --hostfile HOSTS optc run "
+                      "--mpi-rank full_finetune_distributed --config %s\n",
+              need, x.total / (1 << 30), (x.params + x.grads + x.states) / (1 << 30), x.spans / (1 << 30),
+              x.acts / (1 << 30), need, r->path);
+    else
+      fprintf(stderr, "optc: on any number of ranks each needs at least %.1f GiB: the units in use (the largest "
+                      "unit's params and grads whole, %.0f elements, as f32) %.1f GiB, activations %.1f GiB and the "
+                      "process; this machine has %.1f GiB%s\n",
+              floor / (1 << 30), most.span_elems, most.spans / (1 << 30), most.acts / (1 << 30),
+              machine / (1 << 30),
+              most.acts > machine / 8 && !activation_checkpointing(r, &ok)
+                  ? " (enable_activation_checkpointing=true keeps one layer's activations)"
+                  : "");
     return -1;
   }
   return 0;
