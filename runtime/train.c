@@ -996,10 +996,10 @@ static int train_step(Trainer *t, StepLog *log) {
   }
   double t1 = now_seconds();
   FsdpRunStats s1 = fsdp_run_stats(t->run);
-  /* the units' collectives: what they took, and what the model waited for */
+  /* what the model's thread did not compute: the units' collectives, and
+   * with optimizer_in_bwd the steps that were not hidden behind it */
   double waited = s1.wait_s - s0.wait_s;
   t->t_units += s1.gather_s - s0.gather_s + s1.reduce_s - s0.reduce_s;
-  t->t_units_waited += waited;
   if (coll_all_reduce_sum(t->coll, sums, 2, COLL_F64) != 0)
     return -1;
   ASSERT(sums[1] == counted || !t->in_bwd || t->world > 1); /* one rank: what l4_run counted */
@@ -1028,6 +1028,7 @@ static int train_step(Trainer *t, StepLog *log) {
   /* the model's thread waited for the units' collectives, and for the
    * steps in the backward that were not hidden behind it */
   t->t_fwdbwd += t1 - t0 - waited;
+  t->t_units_waited += waited - (stepped - hidden);
   t->t_coll += t2 - t1 + waited - (stepped - hidden);
   t->t_opt += t3 - t2 + stepped;
   t->t_opt_hidden += hidden;
