@@ -531,7 +531,7 @@ static void use_layout(optc_step *s, int n, const int64_t *numel, const optc_sha
 }
 
 static optc_status run(optc_step *s, const optc_buffers *b, const optc_shard *sh, const optc_scalar *scalars,
-                       int nscalars, int threads, optc_result *res, optc_error *err);
+                       int nscalars, int threads, optc_result *res, double *first_out, optc_error *err);
 
 /* The reducer's collectives, on the caller's: where this slice's chunks sit among the group's. */
 typedef struct {
@@ -563,7 +563,7 @@ static int shard_all(void *ctx, int local) {
 
 optc_status optc_step_run(optc_step *s, const optc_buffers *b, const optc_scalar *scalars, int nscalars, int threads,
                           optc_result *res, optc_error *err) {
-  return run(s, b, NULL, scalars, nscalars, threads, res, err);
+  return run(s, b, NULL, scalars, nscalars, threads, res, NULL, err);
 }
 
 optc_status optc_step_run_shard(optc_step *s, const optc_buffers *b, const optc_shard *shard,
@@ -574,14 +574,33 @@ optc_status optc_step_run_shard(optc_step *s, const optc_buffers *b, const optc_
     capture_begin(&c);
     return fail(&c, err, OPTC_ERR_INVALID, "optc_step_run_shard: shard is NULL");
   }
-  return run(s, b, shard, scalars, nscalars, threads, res, err);
+  return run(s, b, shard, scalars, nscalars, threads, res, NULL, err);
+}
+
+int optc_step_partials_width(const optc_step *s) {
+  int width = 0;
+  return s && s->target == OPTC_TARGET_CPU && cpu_first_phase_reduces(s->g, &width) ? width : 0;
+}
+
+optc_status optc_step_partials(optc_step *s, const optc_buffers *b, const optc_shard *shard,
+                               const optc_scalar *scalars, int nscalars, int threads, double *partials,
+                               optc_error *err) {
+  if (!shard || !partials || optc_step_partials_width(s) == 0) {
+    Capture c;
+    capture_begin(&c);
+    return fail(&c, err, OPTC_ERR_INVALID, "optc_step_partials: %s",
+                !shard ? "shard is NULL" : !partials ? "partials is NULL"
+                                         : "the step's first phase does not only sum over the grads (no clipping, "
+                                           "or not the CPU target)");
+  }
+  return run(s, b, shard, scalars, nscalars, threads, NULL, partials, err);
 }
 
 static optc_status run(optc_step *s, const optc_buffers *b, const optc_shard *sh, const optc_scalar *scalars,
-                       int nscalars, int threads, optc_result *res, optc_error *err) {
+                       int nscalars, int threads, optc_result *res, double *first_out, optc_error *err) {
   Capture c;
   capture_begin(&c);
-  const char *fn = sh ? "optc_step_run_shard" : "optc_step_run";
+  const char *fn = first_out ? "optc_step_partials" : sh ? "optc_step_run_shard" : "optc_step_run";
   if (!s || !b)
     return fail(&c, err, OPTC_ERR_INVALID, "%s: %s is NULL", fn, s ? "buffers" : "step");
   if (res)
@@ -696,7 +715,18 @@ static optc_status run(optc_step *s, const optc_buffers *b, const optc_shard *sh
       s->pool = pool_create(want);
       s->pool_threads = want;
     }
-    rc = cpu_step_t(s->cpu, s->shared ? s->shared : s->pool, g, &s->layout, s->table, &args, &sr);
+    ThreadPool *pool = s->shared ? s->shared : s->pool;
+    if (first_out)
+      return cpu_step_partials_t(s->cpu, pool, g, &s->layout, s->table, s->vals, first_out) == 0
+                 ? capture_end(&c, err)
+                 : fail(&c, err, OPTC_ERR_INVALID, "%s", "");
+    if (sh && sh->partials) {
+      if (optc_step_partials_width(s) == 0)
+        return fail(&c, err, OPTC_ERR_INVALID, "%s: the shard gives partials, but the step's first phase does not only "
+                                               "sum over the grads", fn);
+      args.first_partials = sh->partials;
+    }
+    rc = cpu_step_t(s->cpu, pool, g, &s->layout, s->table, &args, &sr);
   } else {
     if (!s->cx) {
       char why[512];

@@ -167,7 +167,9 @@ int bench_step(int argc, char **argv) {
            res[0].units.threaded ? "on a thread of their own" : "on the model's thread");
     printf("  %-26s %14.2f %14.2f\n", "  of which waited for", unit_ms[0][1], unit_ms[1][1]);
     printf("  %-26s %14.2f %14.2f   (%s)\n", "optimizer hidden ms/step", hidden_ms[0], hidden_ms[1],
-           res[0].units.steps > 0 ? "optimizer_in_bwd" : "stepped after the backward: nothing hidden");
+           res[0].units.steps == 0            ? "stepped after the backward: nothing hidden"
+           : !res[0].units.threaded           ? "its work in the backward ran on the model's thread"
+                                              : "its work in the backward, beside it");
   }
   printf("  (the two runs' losses are %s)\n", res[0].last_loss == res[1].last_loss ? "identical, bit for bit" : "DIFFERENT");
   if (json_path) {

@@ -86,6 +86,10 @@ typedef struct {
   /* torch's behaviour: NaN and Inf are not looked for, in the grads or in
    * a step-scope reduction; the step runs and they spread */
   bool propagate;
+  /* The first phase's chunk partials of this layout, computed already
+   * (cpu_step_partials_t: FSDP computes a unit's norm as soon as its grads
+   * are in); that phase is then not run again. NULL: run it. */
+  const double *first_partials;
 } StepArgs;
 
 typedef struct {

@@ -244,7 +244,26 @@ typedef struct {
    * optc_chunk_index finds where each range's chunks go in global. */
   int nranges;
   const int64_t *ranges;
+  /* When not NULL: the step's first phase's partials over this shard's
+   * chunks, computed already by optc_step_partials (its chunks in order,
+   * optc_step_partials_width values each); the run does not compute them
+   * again. CPU only. */
+  const double *partials;
 } optc_shard;
+
+/* A sharded step in two parts, for a caller that has a rank's grads piece
+ * by piece (FSDP's units, as each one's backward ends). When the step's
+ * first phase only sums over the grads (clip_grad_norm's norm), that phase
+ * can run over each piece (a shard of the piece's ranges) as soon as its
+ * grads are in, writing its chunks' partials, and the step later runs with
+ * them (optc_shard.partials): the same bits as running it all at once.
+ * optc_step_partials_width gives the sums per chunk, or 0 when the step
+ * has no such phase (no clipping) or is not on the CPU. The scalars must be
+ * those the step will run with. */
+int optc_step_partials_width(const optc_step *s);
+optc_status optc_step_partials(optc_step *s, const optc_buffers *b, const optc_shard *shard,
+                               const optc_scalar *scalars, int nscalars, int threads, double *partials,
+                               optc_error *err);
 
 /* The index, among a group's chunks in flat order, of the first chunk at
  * or after flat index `flat` (the group's chunk count past its end). */

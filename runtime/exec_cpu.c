@@ -270,6 +270,33 @@ static bool norm_checks_grads(const Graph *g) {
   return ok;
 }
 
+bool cpu_first_phase_reduces(const Graph *g, int *width) {
+  const Plan *p = g->plan;
+  if (p->nphases < 2 || p->phases[0].nwrites > 0 || p->phases[0].nreds == 0)
+    return false;
+  for (int i = 0; i < p->phases[0].nreds; i++) /* step-scope sums alone: nothing per tensor */
+    if (g->ins[p->phases[0].reds[i]].to != SCOPE_STEP)
+      return false;
+  *width = p->phases[0].nreds;
+  return true;
+}
+
+int cpu_step_partials_t(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLayout *l,
+                        void *const *tbufs, const double *inputs, double *partials) {
+  int width;
+  ASSERT(cpu_first_phase_reduces(g, &width));
+  const PlanPhase *ph = &g->plan->phases[0];
+  Scalar *step = calloc((size_t)g->nins + 1, sizeof(Scalar));
+  Scalar *tvals = calloc(((size_t)l->ntensors + 1) * ((size_t)g->nins + 1), sizeof(Scalar)); /* none yet */
+  ASSERT(step && tvals);
+  interp_eval_steps(g, ph->step_lo, ph->step_hi, inputs, step);
+  PhaseRun run = {cpu_program_phase(prog, 0), l, tbufs, step, tvals, partials, width};
+  pool_run(pool, run_range, &run, l->nchunks);
+  free(step);
+  free(tvals);
+  return 0;
+}
+
 int cpu_step(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLayout *l, void *const *bufs,
              const StepArgs *args, StepResult *res) {
   void **t = layout_tensor_bufs(l, g, bufs);
@@ -302,7 +329,10 @@ int cpu_step_t(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLa
     const PlanPhase *ph = &p->phases[k];
     interp_eval_steps(g, ph->step_lo, ph->step_hi, args ? args->inputs : NULL, step);
     PhaseRun run = {cpu_program_phase(prog, k), l, bufs, step, tvals, partials, ph->nreds ? ph->nreds : 1};
-    pool_run(pool, run_range, &run, l->nchunks);
+    if (k == 0 && args && args->first_partials) /* computed already, chunk by chunk */
+      memcpy(partials, args->first_partials, sizeof(double) * (size_t)l->nchunks * (size_t)run.nred);
+    else
+      pool_run(pool, run_range, &run, l->nchunks);
     if (ph->nreds && red)
       red->gather(red->ctx, partials, l->nchunks, run.nred, global);
     for (int i = 0; i < ph->nreds; i++) {

@@ -201,10 +201,17 @@ int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel, 
     f->shard.lo = f->shard.hi = 0;
   }
   f->nchunks_of = calloc((size_t)f->world + 1, sizeof(int64_t));
-  ASSERT(f->nchunks_of);
+  f->unit_c0 = calloc((size_t)nunits + 1, sizeof(int64_t));
+  f->first_done = calloc((size_t)nunits + 1, sizeof(bool));
+  ASSERT(f->nchunks_of && f->unit_c0 && f->first_done);
   for (int r = 0; r < f->world; r++)
     f->nchunks_of[r] = rank_chunks(f, r, NULL);
   ASSERT(f->nchunks_of[f->rank] == f->shard.nchunks);
+  for (int k = 0; k < nunits; k++) { /* the shard's chunks come unit by unit */
+    int64_t lo, hi;
+    unit_piece(&f->units[k], f->rank, &lo, &hi);
+    f->unit_c0[k + 1] = f->unit_c0[k] + chunk_at(&f->full, hi) - chunk_at(&f->full, lo);
+  }
 
   /* the shard of every buffer, and the tensor table that addresses it */
   f->mem = calloc((size_t)g->nbufs + 1, sizeof(void *));
@@ -243,6 +250,9 @@ void fsdp_free(Fsdp *f) {
     if (f->unit_shard[u].numel)
       layout_free(&f->unit_shard[u]);
   free(f->unit_shard);
+  free(f->unit_c0);
+  free(f->first);
+  free(f->first_done);
   layout_free(&f->full);
   layout_free(&f->shard);
   memset(f, 0, sizeof *f);
@@ -417,22 +427,56 @@ static int unit_gather(void *ctx, const double *local, int64_t first, int64_t nl
 }
 static int unit_all(void *ctx, int local) { return (void)ctx, local; }
 
-int fsdp_step_unit(Fsdp *f, Executor *x, int u, const double *inputs, StepResult *res) {
-  const Graph *g = f->g;
-  for (int i = 0; i < g->nins; i++)
-    ASSERT(!(g->ins[i].op == OP_REDUCE && g->ins[i].to == SCOPE_STEP));
+/* This rank's chunks of unit u alone, made once. */
+static GroupLayout *unit_layout(Fsdp *f, int u, int64_t r[2]) {
   if (!f->unit_shard) {
     f->unit_shard = calloc((size_t)f->nunits, sizeof(GroupLayout));
     ASSERT(f->unit_shard);
   }
-  int64_t r[2];
   unit_piece(&f->units[u], f->rank, &r[0], &r[1]);
   GroupLayout *l = &f->unit_shard[u];
   if (!l->numel) {
     layout_init(l, f->full.ntensors, f->full.numel);
     layout_select(l, 1, r);
   }
-  StepArgs args = {inputs, 1, NULL, true};
+  return l;
+}
+
+bool fsdp_can_partials(const Fsdp *f, const Executor *x) {
+  int width;
+  return (x->api ? optc_step_partials_width(x->api) > 0 : x->backend == BACKEND_CPU) &&
+         cpu_first_phase_reduces(f->g, &width);
+}
+
+int fsdp_unit_partials(Fsdp *f, Executor *x, int u, const double *inputs) {
+  int width;
+  ASSERT(fsdp_can_partials(f, x) && cpu_first_phase_reduces(f->g, &width));
+  if (!f->first) {
+    f->first = calloc((size_t)(f->shard.nchunks + 1) * (size_t)width, sizeof(double));
+    ASSERT(f->first);
+  }
+  int64_t r[2];
+  GroupLayout *l = unit_layout(f, u, r);
+  double *out = f->first + f->unit_c0[u] * width;
+  ASSERT(l->nchunks == f->unit_c0[u + 1] - f->unit_c0[u]);
+  int rc;
+  if (x->api) {
+    optc_shard shard = {0, 0, unit_gather, unit_all, NULL, 1, r, NULL};
+    rc = executor_api_partials_t(x, &f->full, f->table, inputs, &shard, out);
+  } else {
+    rc = cpu_step_partials_t(x->cpu, x->pool, f->g, l, f->table, inputs, out);
+  }
+  f->first_done[u] = rc == 0;
+  return rc;
+}
+
+int fsdp_step_unit(Fsdp *f, Executor *x, int u, const double *inputs, StepResult *res) {
+  const Graph *g = f->g;
+  for (int i = 0; i < g->nins; i++)
+    ASSERT(!(g->ins[i].op == OP_REDUCE && g->ins[i].to == SCOPE_STEP));
+  int64_t r[2];
+  GroupLayout *l = unit_layout(f, u, r);
+  StepArgs args = {inputs, 1, NULL, true, NULL};
   optc_shard shard = {0, 0, unit_gather, unit_all, NULL, 1, r};
   return step_over(f, x, l, &shard, &args, res);
 }
@@ -455,8 +499,15 @@ int fsdp_step(Fsdp *f, Executor *x, const double *inputs, StepResult *res) {
   bool has_step_reduction = false;
   for (int i = 0; i < g->nins; i++)
     has_step_reduction |= g->ins[i].op == OP_REDUCE && g->ins[i].to == SCOPE_STEP;
-  StepArgs args = {inputs, has_step_reduction ? 1 : -1, &f->reducer};
-  optc_shard shard = {0, 0, api_gather, all_ranks, f, f->nranges, f->ranges};
+  StepArgs args = {inputs, has_step_reduction ? 1 : -1, &f->reducer, false, NULL};
+  optc_shard shard = {0, 0, api_gather, all_ranks, f, f->nranges, f->ranges, NULL};
+  /* the first phase's partials, when every unit's came in during the backward */
+  bool all = f->first != NULL;
+  for (int k = 0; all && k < f->nunits; k++)
+    all = f->first_done[k];
+  if (all && fsdp_can_partials(f, x))
+    shard.partials = args.first_partials = f->first;
+  memset(f->first_done, 0, sizeof(bool) * (size_t)f->nunits);
   static const int64_t none[2] = {0, 0};
   if (f->nranges == 0)
     shard.nranges = 1, shard.ranges = none;

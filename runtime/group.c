@@ -422,8 +422,57 @@ int executor_api_step(Executor *x, const GroupLayout *full, void *const *flat, c
   return rc;
 }
 
+/* The API's buffers and scalars for x's graph, from a tensor table and inputs. */
+typedef struct {
+  void **param, **grad, **state;
+  optc_scalar *sc;
+  int nsc;
+  optc_buffers b;
+} ApiArgs;
+
+static void api_args(Executor *x, const GroupLayout *full, void *const *tbufs, const double *inputs, ApiArgs *a);
+static void api_args_free(ApiArgs *a) {
+  free(a->param);
+  free(a->grad);
+  free(a->state);
+  free(a->sc);
+}
+
+int executor_api_partials_t(Executor *x, const GroupLayout *full, void *const *tbufs, const double *inputs,
+                            const optc_shard *shard, double *partials) {
+  ApiArgs a;
+  api_args(x, full, tbufs, inputs, &a);
+  optc_error err;
+  optc_status st = optc_step_partials(x->api, &a.b, shard, a.sc, a.nsc, x->api_threads, partials, &err);
+  api_args_free(&a);
+  if (st != OPTC_OK) {
+    fprintf(stderr, "%s\n", err.message);
+    return -1;
+  }
+  return 0;
+}
+
 int executor_api_step_t(Executor *x, const GroupLayout *full, void *const *tbufs, const double *inputs,
                         const optc_shard *shard, StepResult *res) {
+  ApiArgs a;
+  api_args(x, full, tbufs, inputs, &a);
+  optc_result r;
+  optc_error err;
+  optc_status st = shard ? optc_step_run_shard(x->api, &a.b, shard, a.sc, a.nsc, x->api_threads, &r, &err)
+                         : optc_step_run(x->api, &a.b, a.sc, a.nsc, x->api_threads, &r, &err);
+  api_args_free(&a);
+  memset(res, 0, sizeof *res);
+  if (st != OPTC_OK && st != OPTC_ERR_NONFINITE) { /* NONFINITE: skipped, the caller says so */
+    fprintf(stderr, "%s\n", err.message);
+    return -1;
+  }
+  res->skipped = r.skipped;
+  if (!isnan(r.grad_sumsq))
+    res->red[res->nred++] = r.grad_sumsq;
+  return 0;
+}
+
+static void api_args(Executor *x, const GroupLayout *full, void *const *tbufs, const double *inputs, ApiArgs *a) {
   const Graph *g = x->g;
   optc_step *s = x->api;
   int n = full->ntensors, ns = optc_step_num_states(s);
@@ -454,24 +503,8 @@ int executor_api_step_t(Executor *x, const GroupLayout *full, void *const *tbufs
   for (int i = 0; i < g->nins; i++)
     if (g->ins[i].op == OP_INPUT)
       sc[nsc++] = (optc_scalar){g->ins[i].name, inputs[i]};
-  optc_buffers bb = {.ntensors = n, .numel = full->numel, .param = param, .grad = grad, .state = state};
-  optc_result r;
-  optc_error err;
-  optc_status st = shard ? optc_step_run_shard(s, &bb, shard, sc, nsc, x->api_threads, &r, &err)
-                         : optc_step_run(s, &bb, sc, nsc, x->api_threads, &r, &err);
-  free(param);
-  free(grad);
-  free(state);
-  free(sc);
-  memset(res, 0, sizeof *res);
-  if (st != OPTC_OK && st != OPTC_ERR_NONFINITE) { /* NONFINITE: skipped, the caller says so */
-    fprintf(stderr, "%s\n", err.message);
-    return -1;
-  }
-  res->skipped = r.skipped;
-  if (!isnan(r.grad_sumsq))
-    res->red[res->nred++] = r.grad_sumsq;
-  return 0;
+  *a = (ApiArgs){param, grad, state, sc, nsc,
+                 {.ntensors = n, .numel = full->numel, .param = param, .grad = grad, .state = state}};
 }
 
 int executor_step(Executor *x, ParamGroup *pg, const StepArgs *args, StepResult *res) {

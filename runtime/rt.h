@@ -65,6 +65,14 @@ int cpu_step(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLayo
  * kernels address. */
 int cpu_step_t(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLayout *l, void *const *tbufs,
                const StepArgs *args, StepResult *res);
+/* Whether g's first phase only sums over the grads (a norm pass: it
+ * stores nothing and its reductions are all step-scope), with *width sums
+ * a chunk. */
+bool cpu_first_phase_reduces(const Graph *g, int *width);
+/* That phase alone over l's chunks: their partials (l->nchunks x width),
+ * what a later cpu_step_t takes as StepArgs.first_partials. */
+int cpu_step_partials_t(CpuProgram *prog, ThreadPool *pool, const Graph *g, const GroupLayout *l,
+                        void *const *tbufs, const double *inputs, double *partials);
 
 /* ---- group.c: executors ---------------------------------------------------------------
  * What runs a group's steps: a backend with its compiled program. The
@@ -105,6 +113,9 @@ int executor_api_step(Executor *x, const GroupLayout *full, void *const *flat, c
 /* The same over a tensor table of g's buffers (layout_tensor_bufs). */
 int executor_api_step_t(Executor *x, const GroupLayout *full, void *const *tbufs, const double *inputs,
                         const optc_shard *shard, StepResult *res);
+/* optc_step_partials through x->api: the first phase's partials of the shard's chunks. */
+int executor_api_partials_t(Executor *x, const GroupLayout *full, void *const *tbufs, const double *inputs,
+                            const optc_shard *shard, double *partials);
 void executor_free(Executor *x);
 
 /* ---- eager.c: torch eager's way of running a step ------------------------------------
@@ -197,6 +208,9 @@ typedef struct {
   int nranges;
   int64_t *nchunks_of;  /* (world) each rank's chunks */
   GroupLayout *unit_shard; /* (nunits) this rank's chunks of each unit, made when first stepped alone */
+  int64_t *unit_c0;     /* (nunits + 1) where each unit's chunks begin among the shard's */
+  double *first;        /* the step's first phase's partials over the shard, unit by unit (fsdp_unit_partials) */
+  bool *first_done;     /* (nunits) this step's are in */
   void **mem;           /* (nbufs) this rank's shard of each buffer: unit u's part at units[u].at */
   void **table;         /* (ntensors * nbufs) tensor t's element 0 of buffer b, for the shard's elements */
   void *grads_in;       /* fsdp_load's whole grads as spans, reduced by every fsdp_step (optc exec) */
@@ -235,6 +249,13 @@ int fsdp_store(Fsdp *f, ParamGroup *pg);
 /* One step of x over every rank's pieces, the reductions folded across
  * ranks; the grads are in the shard (after fsdp_load: reduced first). */
 int fsdp_step(Fsdp *f, Executor *x, const double *inputs, StepResult *res);
+/* Whether x can take the step's first phase (clip_grad_norm's norm) unit
+ * by unit: a compiled step whose first phase only sums over the grads. */
+bool fsdp_can_partials(const Fsdp *f, const Executor *x);
+/* That phase over this rank's piece of unit u, as soon as its grads are
+ * reduced (inputs: the step's); the next fsdp_step, once every unit's are
+ * in, takes them instead of running the phase: the same bits. */
+int fsdp_unit_partials(Fsdp *f, Executor *x, int u, const double *inputs);
 /* The same over this rank's piece of unit u alone, with no collective: for
  * a graph with no step-scope reduction, whose grads are not checked
  * (nonfinite_grads: propagate), so that no rank waits for another. */

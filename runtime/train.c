@@ -50,6 +50,7 @@ typedef struct {
   Executor ex;
   Executor ex_unit;   /* optimizer_in_bwd on the collectives' thread: the step on that thread alone */
   bool in_bwd;        /* optimizer_in_bwd: each unit stepped once its grads are in (step_unit) */
+  bool norm_in_bwd;   /* else the step's norm pass, unit by unit, once each unit's grads are in */
   Fsdp f;
   L4Config cfg;
   L4Model *model;
@@ -861,11 +862,6 @@ static int setup(Trainer *t) {
                          : "nonfinite_grads: propagate (torch's behaviour: no skip)");
     return -1;
   }
-  if (t->in_bwd)
-    ro.step_unit = step_unit, ro.step_ctx = t;
-  t->run = fsdp_run_create(&t->f, &ro);
-  L4Hooks hooks = fsdp_run_hooks(t->run);
-  l4_set_hooks(t->model, &hooks);
   int threads = MAX(1, pool_default_threads() / t->world);
   /* the model's matmuls and loops on optc's pool, each BLAS call on one
    * thread (blas_init): no BLAS threads spinning between calls */
@@ -890,9 +886,19 @@ static int setup(Trainer *t) {
   } else {
     executor_share_pool(&t->ex, t->pool); /* eager too: torch's for-loop runs on all of torch's threads */
   }
-  /* optimizer_in_bwd on the collectives' thread: a step of its own there,
-   * one thread (the model's pool runs the backward meanwhile) */
-  if (t->in_bwd && fsdp_run_threaded(t->run)) {
+  /* Without optimizer_in_bwd, a clipping step's first phase, the norm,
+   * runs unit by unit as each unit's grads come in (the grads are in the
+   * cache then), and the step after the backward takes its partials: a
+   * compiled step only (eager runs the norm with the rest). */
+  t->norm_in_bwd = !t->in_bwd && fsdp_can_partials(&t->f, &t->ex);
+  if (t->in_bwd || t->norm_in_bwd)
+    ro.step_unit = step_unit, ro.step_ctx = t;
+  t->run = fsdp_run_create(&t->f, &ro);
+  L4Hooks hooks = fsdp_run_hooks(t->run);
+  l4_set_hooks(t->model, &hooks);
+  /* that work on the collectives' thread: a step of its own there, one
+   * thread (the model's pool runs the backward meanwhile) */
+  if (ro.step_unit && fsdp_run_threaded(t->run)) {
     if (t->compiled) {
       optc_step *api;
       optc_error err;
@@ -946,13 +952,16 @@ static void step_inputs(Trainer *t, double tokens, double *lr_out) {
     t->inputs[lr] = *lr_out;
 }
 
-/* optimizer_in_bwd: unit u's piece of the step (FsdpRunOptions.step_unit),
- * on the collectives' thread on a 1-thread executor of its own (the
- * model's pool is the backward's), else at once on the run's. */
+/* Unit u's piece of the step once its grads are in (FsdpRunOptions.step_unit):
+ * all of it (optimizer_in_bwd), or the first phase, clip_grad_norm's norm
+ * (the step after the backward takes those partials). On the collectives'
+ * thread on a 1-thread executor of its own (the model's pool is the
+ * backward's), else at once on the run's. */
 static int step_unit(void *ctx, int u) {
   Trainer *t = ctx;
+  Executor *x = fsdp_run_threaded(t->run) ? &t->ex_unit : &t->ex;
   StepResult res;
-  return fsdp_step_unit(&t->f, fsdp_run_threaded(t->run) ? &t->ex_unit : &t->ex, u, t->inputs, &res);
+  return t->in_bwd ? fsdp_step_unit(&t->f, x, u, t->inputs, &res) : fsdp_unit_partials(&t->f, x, u, t->inputs);
 }
 
 /* Targets counted in a loss: what l4_run's ntokens will say. */
@@ -981,8 +990,8 @@ static int train_step(Trainer *t, StepLog *log) {
     }
     int64_t n;
     counted += batch_tokens(&b);
-    if (t->in_bwd && a + 1 == r->gradient_accumulation_steps) {
-      /* the units are stepped in this backward: the step's inputs first */
+    if ((t->in_bwd || t->norm_in_bwd) && a + 1 == r->gradient_accumulation_steps) {
+      /* the units are stepped (or normed) in this backward: the step's inputs first */
       double all = counted;
       if (coll_all_reduce_sum(t->coll, &all, 1, COLL_F64) != 0)
         return -1;
@@ -1003,12 +1012,13 @@ static int train_step(Trainer *t, StepLog *log) {
   if (coll_all_reduce_sum(t->coll, sums, 2, COLL_F64) != 0)
     return -1;
   ASSERT(sums[1] == counted || !t->in_bwd || t->world > 1); /* one rank: what l4_run counted */
-  double t2 = now_seconds(), t3, stepped = 0, hidden = 0;
+  double t2 = now_seconds(), t3;
+  /* the step's work done in the backward, and what of it was hidden */
+  double stepped = s1.step_s - s0.step_s, hidden = s1.step_hidden_s - s0.step_hidden_s;
   StepResult res = {0};
   if (t->in_bwd) { /* stepped in the backward, unit by unit */
     t->f.step += 1;
     t3 = t2;
-    stepped = s1.step_s - s0.step_s, hidden = s1.step_hidden_s - s0.step_hidden_s;
   } else {
     step_inputs(t, sums[1], &log->lr);
     if (fsdp_step(&t->f, &t->ex, t->inputs, &res) != 0)
@@ -1143,9 +1153,10 @@ int train_run(Recipe *r, Coll *coll, const TrainOptions *opt, TrainResult *out) 
               s.gathers, s.reduces, s.gather_s + s.reduce_s, s.wait_s,
               s.threaded ? "on a thread of their own" : "on the model's thread", s.spans_wide, s.spans_narrow,
               s.span_bytes / (1 << 20));
-      if (t.in_bwd)
-        fprintf(stderr, "  optimizer_in_bwd: %ld units stepped in the backward, %.2f s, %.2f s of it beside the "
-                        "backward\n", s.steps, s.step_s, s.step_hidden_s);
+      if (t.in_bwd || t.norm_in_bwd)
+        fprintf(stderr, "  %s: %ld units in the backward, %.2f s, %.2f s of it beside the backward\n",
+                t.in_bwd ? "optimizer_in_bwd, each unit stepped" : "the step's norm, unit by unit", s.steps,
+                s.step_s, s.step_hidden_s);
     }
   }
   if (out) {

@@ -11,7 +11,8 @@
  *   optc.grad_norm's sum of squares;
  * - nonfinite grads: PROPAGATE, SKIP, ERROR;
  * - a sharded group (optc_step_run_shard): 2 and 3 ranks, each owning one
- *   slice or a piece of each of three units (ranges), as threads with
+ *   slice or a piece of each of three units (ranges; and the norm's
+ *   partials unit by unit first, optc_step_partials), as threads with
  *   their own step objects over one flat group, give the one-rank run's
  *   bytes and norm, clipping included, and skip together;
  * - bad input: every one an error code and a message, never an exit. */
@@ -439,6 +440,7 @@ typedef struct {
   optc_step *s;
   optc_buffers b;
   optc_shard sh;
+  bool two_part; /* the norm's partials range by range first (optc_step_partials), then the step with them */
   const optc_scalar *sc;
   int nsc;
   optc_status st;
@@ -531,9 +533,30 @@ static int rank_all(void *ctx, int local) {
 
 static void *rank_main(void *arg) {
   Rank *r = arg;
-  optc_error err;
-  r->st = optc_step_run_shard(r->s, &r->b, &r->sh, r->sc, r->nsc, 1, &r->res, &err);
+  optc_error err = {0};
+  double *part = NULL;
+  if (r->two_part) {
+    /* each range on its own, as FSDP has each unit's grads in turn: its
+     * chunks' partials at their place among the shard's */
+    int width = optc_step_partials_width(r->s);
+    int64_t n = 0;
+    for (int q = 0; q < r->sh.nranges; q++)
+      n += optc_chunk_index(SNT, snumel, r->sh.ranges[2 * q + 1]) - optc_chunk_index(SNT, snumel, r->sh.ranges[2 * q]);
+    part = calloc((size_t)(n + 1) * (size_t)(width > 0 ? width : 1), sizeof(double));
+    r->st = width > 0 ? OPTC_OK : OPTC_ERR_INVALID;
+    int64_t at = 0;
+    for (int q = 0; q < r->sh.nranges && r->st == OPTC_OK; q++) {
+      optc_shard one = r->sh;
+      one.nranges = 1, one.ranges = r->sh.ranges + 2 * q;
+      r->st = optc_step_partials(r->s, &r->b, &one, r->sc, r->nsc, 1, part + at * width, &err);
+      at += optc_chunk_index(SNT, snumel, one.ranges[1]) - optc_chunk_index(SNT, snumel, one.ranges[0]);
+    }
+    r->sh.partials = part;
+  }
+  if (!r->two_part || r->st == OPTC_OK)
+    r->st = optc_step_run_shard(r->s, &r->b, &r->sh, r->sc, r->nsc, 1, &r->res, &err);
   snprintf(r->msg, sizeof r->msg, "%s", err.message);
+  free(part);
   return NULL;
 }
 
@@ -590,8 +613,9 @@ static int unit_ranges(const Flat *f, int world, int rank, int64_t *out) {
 }
 
 /* Three steps of AdamW with clipping on `world` ranks (0: optc_step_run);
- * with units, each rank owns a piece of each of three units. */
-static void shard_run_units(Flat *f, int world, const char *nonfinite, optc_result *last, bool units) {
+ * with units, each rank owns a piece of each of three units; two_part
+ * (with units): the norm's partials unit by unit first, then the step. */
+static void shard_run_units(Flat *f, int world, const char *nonfinite, optc_result *last, bool units, bool two_part) {
   optc_spec spec = optc_spec_default("adamw");
   spec.clip = OPTC_CLIP_NORM;
   spec.nonfinite = strcmp(nonfinite, "skip") == 0 ? OPTC_NONFINITE_SKIP : OPTC_NONFINITE_PROPAGATE;
@@ -624,6 +648,7 @@ static void shard_run_units(Flat *f, int world, const char *nonfinite, optc_resu
         rk[r].sh.nranges = unit_ranges(f, n, r, ranges[r]);
         rk[r].sh.ranges = ranges[r];
         rk[r].sh.gather = ranges_gather;
+        rk[r].two_part = two_part;
       }
       pthread_create(&th[r], NULL, rank_main, &rk[r]);
     }
@@ -644,7 +669,7 @@ static void shard_run_units(Flat *f, int world, const char *nonfinite, optc_resu
 }
 
 static void shard_run(Flat *f, int world, const char *nonfinite, optc_result *last) {
-  shard_run_units(f, world, nonfinite, last, false);
+  shard_run_units(f, world, nonfinite, last, false, false);
 }
 
 static void test_shard(void) {
@@ -654,12 +679,15 @@ static void test_shard(void) {
   shard_run(&one, 0, "propagate", &r1);
   CHECK(r1.grad_norm > 0.5, "the norm clips: %g", r1.grad_norm);
   for (int world = 2; world <= MAXRANKS; world++) {
-    for (int units = 0; units < 2; units++) {
+    for (int units = 0; units < 3; units++) {
       flat_init(&many, 99, -1);
-      shard_run_units(&many, world, "propagate", &rn, units);
+      shard_run_units(&many, world, "propagate", &rn, units > 0, units == 2);
       CHECK(flat_equal(&one, &many) && rn.grad_norm == r1.grad_norm && rn.grad_sumsq == r1.grad_sumsq,
             "%d ranks%s give one rank's bytes and norm (%.17g vs %.17g)", world,
-            units ? ", each a piece of three units," : "", rn.grad_norm, r1.grad_norm);
+            units == 2   ? ", each a piece of three units, the norm's partials unit by unit first,"
+            : units == 1 ? ", each a piece of three units,"
+                         : "",
+            rn.grad_norm, r1.grad_norm);
       flat_free(&many);
     }
   }
@@ -725,6 +753,11 @@ static void test_shard(void) {
   bad = (optc_shard){0, 0, rank_gather, rank_all, NULL, 2, back};
   CHECK(optc_step_run_shard(s, &b, &bad, sc, 1, 1, NULL, &err) == OPTC_ERR_INVALID && strstr(err.message, "range 1"),
         "ranges out of order: %s", err.message);
+  double dummy[8];
+  CHECK(optc_step_partials_width(s) == 0 &&
+            optc_step_partials(s, &b, &(optc_shard){0, 4096, solo_gather, solo_all, NULL}, sc, 1, 1, dummy, &err) ==
+                OPTC_ERR_INVALID,
+        "SGD without clipping has no norm phase to run alone: %s", err.message);
   int64_t between[2] = {f.offset[1], f.offset[2]}; /* tensor 1 alone: its ends cut no chunk */
   bad = (optc_shard){0, 0, solo_gather, solo_all, NULL, 1, between};
   CHECK(optc_step_run_shard(s, &b, &bad, sc, 1, 1, NULL, &err) == OPTC_OK, "a range between tensors: %s", err.message);

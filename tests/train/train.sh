@@ -5,7 +5,8 @@
 #      fsdp_overlap true or enable_activation_checkpointing true, with
 #      identical checkpoints (params and optimizer states);
 #      optimizer_in_bwd (each unit stepped in the backward) gives the same
-#      bits, and refuses clip_grad_norm;
+#      bits, and refuses clip_grad_norm; the compiled step's norm runs unit by
+#      unit in the backward (eager's after it: the same bits);
 #   2. 1 rank with 2 accumulation steps and 2 ranks with 1 see the same global
 #      batches; their losses agree within 1e-4 relative over 10 steps (the
 #      grads are summed in a different order: accumulation, then the
@@ -56,6 +57,8 @@ if [ "$mpi" = yes ]; then
           { echo "FAIL: $n ranks: $f differs between compiled and $other"; exit 1; }
       done
     done
+    grep -q "the step's norm, unit by unit: [1-9][0-9]* units in the backward" "$work/c$n.log" ||
+      { cat "$work/c$n.log"; echo "FAIL: the compiled step's norm did not run unit by unit in the backward"; exit 1; }
     echo "$n ranks: $a (compiled = eager = kept params = collectives on their own thread = activation"
     echo "  checkpointing; checkpoints identical)"
   done
@@ -74,7 +77,7 @@ if [ "$mpi" = yes ]; then
     for f in model.safetensors optimizer.safetensors; do
       cmp -s "$work/ia/step_6/$f" "$work/ib/step_6/$f" || { echo "FAIL: $np $extra: $f differs with optimizer_in_bwd"; exit 1; }
     done
-    grep -q "optimizer_in_bwd" "$work/ib.log" && grep -q "units stepped in the backward" "$work/ib.log" ||
+    grep -q "optimizer_in_bwd, each unit stepped: [1-9][0-9]* units in the backward" "$work/ib.log" ||
       { cat "$work/ib.log"; echo "FAIL: no report of the steps in the backward"; exit 1; }
     echo "$np $extra: $b (the same bits with optimizer_in_bwd)"
     rm -rf "$work/ia" "$work/ib"
