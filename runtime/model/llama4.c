@@ -83,6 +83,7 @@ struct L4Model {
   size_t ints_bytes;
   L4Item *items;       /* (N + E) the routed forward's items */
   double *row_loss;    /* (N) each token's cross-entropy */
+  int32_t *head_idx;   /* (N) the rows whose target counts, in order: what the output head runs */
   /* the threads: a pool's, or the caller's alone (pool NULL, one slot) */
   ThreadPool *pool;
   int nslots;
@@ -389,10 +390,10 @@ static int config_check(const L4Config *c, int max_batch, int max_seq, char *err
 }
 
 /* The int workspace: choice and order (L, N), offsets (L, E+1), cursor (E),
- * pos and chunk_id (N). */
+ * pos, chunk_id and head_idx (N). */
 static size_t ints_bytes(const L4Config *c, size_t N) {
   size_t L = c->num_layers, E = c->num_experts;
-  return (2 * L * N + L * (E + 1) + E + 2 * N) * sizeof(int32_t);
+  return (2 * L * N + L * (E + 1) + E + 3 * N) * sizeof(int32_t);
 }
 
 static L4Model *model_create(const L4Config *c, int max_batch, int max_seq, size_t elem,
@@ -428,6 +429,7 @@ static L4Model *model_create(const L4Config *c, int max_batch, int max_seq, size
   m->cursor = m->offsets + L * (E + 1);
   m->pos = m->cursor + E;
   m->chunk_id = m->pos + N;
+  m->head_idx = m->chunk_id + N;
   rope_frequencies(c, m->inv_freq);
   blas_init();
   return m;

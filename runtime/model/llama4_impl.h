@@ -809,38 +809,44 @@ static void SUF(layer_backward)(SUF(Phase) *ph) {
 }
 
 /* ---- the output head: rmsnorm, lm_head, summed cross-entropy ------------------------------
- * Blocks of head_block_rows tokens: logits, then in place their gradient
- * softmax - onehot, then lm_head's gradients. Row blocks without a counted
- * target skip the matmul (their gradient rows are zero). */
+ * The final norm of every row; then, in blocks of head_block_rows, the
+ * rows whose target counts, gathered into xin (a row whose target is
+ * ignored has no loss and no gradient: its logits would be thrown away):
+ * their logits, then in place their gradient softmax - onehot, then
+ * lm_head's gradient over the block and the norm's input gradient, put
+ * back at the rows' places (zero at the others). */
 
-/* Rows: lnf = rmsnorm(x_L); the logits; each row's loss, and with grads
- * its gradient in place. */
+/* Rows: lnf = rmsnorm(x_L); a row's loss 0 until its block sets it; with
+ * grads, dL/dlnf 0 until its block sets it. */
+static void SUF(head_norm_rows)(SUF(Phase) *ph, int t0, int nt, int slot) {
+  (void)slot;
+  L4Model *m = ph->m;
+  const L4Config *c = &m->c;
+  SUF(Acts) *a = ph->a;
+  int D = c->embed_dim;
+  const REAL *xf = a->res + (size_t)c->num_layers * m->max_batch * m->max_seq * D;
+  SUF(rmsnorm_forward)(a->lnf + (size_t)t0 * D, a->lnf_rstd + t0, xf + (size_t)t0 * D, ph->p[T_NORM(c)], nt, D,
+                       c->norm_eps);
+  for (int r = 0; r < nt; r++) m->row_loss[t0 + r] = 0;
+  if (ph->g) memset(a->dln + (size_t)t0 * D, 0, sizeof(REAL) * (size_t)nt * D);
+}
+
+/* Counted rows [t0, t0 + nt) of the block at h0 (indices into m->head_idx):
+ * their lnf gathered into xin, their logits, each one's loss, and with
+ * grads its gradient in place. */
 static void SUF(head_rows)(SUF(Phase) *ph, int t0, int nt, int slot) {
   (void)slot;
   L4Model *m = ph->m;
   const L4Config *c = &m->c;
   SUF(Acts) *a = ph->a;
   int D = c->embed_dim, V = c->vocab_size, grads = ph->g != NULL;
-  const REAL *xf = a->res + (size_t)c->num_layers * m->max_batch * m->max_seq * D;
-  REAL *lnf = a->lnf + (size_t)t0 * D, *logits = a->logits + (size_t)(t0 - ph->h0) * V;
-  SUF(rmsnorm_forward)(lnf, a->lnf_rstd + t0, xf + (size_t)t0 * D, ph->p[T_NORM(c)], nt, D,
-                       c->norm_eps);
-  int counted = 0;
-  for (int r = 0; r < nt; r++) counted += ph->bt->targets[t0 + r] != -100;
-  if (counted == 0) {
-    for (int r = 0; r < nt; r++) m->row_loss[t0 + r] = 0;
-    if (grads) memset(logits, 0, sizeof(REAL) * (size_t)nt * V);
-    return;
-  }
-  SUF(matmul_forward)(logits, lnf, ph->p[T_LM_HEAD(c)], nt, D, V, 0);
+  REAL *xc = a->xin + (size_t)t0 * D, *logits = a->logits + (size_t)(t0 - ph->h0) * V;
+  for (int r = 0; r < nt; r++)
+    memcpy(xc + (size_t)r * D, a->lnf + (size_t)m->head_idx[t0 + r] * D, sizeof(REAL) * (size_t)D);
+  SUF(matmul_forward)(logits, xc, ph->p[T_LM_HEAD(c)], nt, D, V, 0);
   for (int r = 0; r < nt; r++) {
     REAL *lg = logits + (size_t)r * V;
-    int tgt = ph->bt->targets[t0 + r];
-    m->row_loss[t0 + r] = 0;
-    if (tgt == -100) {
-      if (grads) memset(lg, 0, sizeof(REAL) * (size_t)V);
-      continue;
-    }
+    int row = m->head_idx[t0 + r], tgt = ph->bt->targets[row];
     REAL mx = lg[0], picked = lg[tgt];
     for (int v = 1; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
     double sum = 0;
@@ -852,18 +858,21 @@ static void SUF(head_rows)(SUF(Phase) *ph, int t0, int nt, int slot) {
     } else {
       for (int v = 0; v < V; v++) sum += R_EXP(lg[v] - mx);
     }
-    m->row_loss[t0 + r] = mx + log(sum) - picked;
+    m->row_loss[row] = mx + log(sum) - picked;
   }
 }
 
-/* Rows: dln = dlogits @ lm_head, dL/dlnf. */
+/* Counted rows: dL/dlnf = dlogits @ lm_head, computed in ybuf and put at the rows' places. */
 static void SUF(head_back_rows)(SUF(Phase) *ph, int t0, int nt, int slot) {
   (void)slot;
-  const L4Config *c = &ph->m->c;
+  L4Model *m = ph->m;
+  const L4Config *c = &m->c;
   SUF(Acts) *a = ph->a;
   int D = c->embed_dim, V = c->vocab_size;
-  SUF(matmul_dx)(a->dln + (size_t)t0 * D, a->logits + (size_t)(t0 - ph->h0) * V,
-                 ph->p[T_LM_HEAD(c)], nt, D, V, 0);
+  REAL *dx = a->ybuf + (size_t)t0 * D;
+  SUF(matmul_dx)(dx, a->logits + (size_t)(t0 - ph->h0) * V, ph->p[T_LM_HEAD(c)], nt, D, V, 0);
+  for (int r = 0; r < nt; r++)
+    memcpy(a->dln + (size_t)m->head_idx[t0 + r] * D, dx + (size_t)r * D, sizeof(REAL) * (size_t)D);
 }
 
 /* Rows: dres = the final norm's dx. */
@@ -936,15 +945,20 @@ static double SUF(model_run)(L4Model *m, REAL *const *p, REAL *const *g, const L
   ph.la = NULL, ph.w = NULL;
   if (hook(m, 1, L + 1, L4_FORWARD) || (g && hook(m, 1, L + 1, L4_BACKWARD))) return NAN;
 
-  /* the head, block by block; the loss summed in token order */
-  int hb = (int)head_block_rows((size_t)n, (size_t)V);
-  for (int h0 = 0; h0 < n; h0 += hb) {
-    ph.h0 = h0, ph.hn = n - h0 < hb ? n - h0 : hb;
-    int rows = ph.hn;
+  /* the head: every row's norm, then block by block over the counted
+   * rows; the loss summed in token order */
+  SUF(phase_run)(&ph, 0, NULL, SUF(head_norm_rows));
+  int nc = 0;
+  for (int t = 0; t < n; t++)
+    if (bt->targets[t] != -100) m->head_idx[nc++] = t;
+  int hb = (int)head_block_rows((size_t)(nc ? nc : 1), (size_t)V);
+  for (int h0 = 0; h0 < nc; h0 += hb) {
+    int rows = nc - h0 < hb ? nc - h0 : hb;
+    ph.h0 = h0, ph.hn = rows;
     SUF(phase_run)(&ph, 0, NULL, SUF(head_rows));
     if (!g) continue;
     ph.h0 = h0, ph.hn = rows;
-    ph.wg[ph.nwg++] = SUF(wgrad)(g[T_LM_HEAD(c)], a.logits, V, a.lnf + (size_t)h0 * D, D, V, D, rows);
+    ph.wg[ph.nwg++] = SUF(wgrad)(g[T_LM_HEAD(c)], a.logits, V, a.xin + (size_t)h0 * D, D, V, D, rows);
     SUF(phase_run)(&ph, 0, NULL, SUF(head_back_rows));
   }
   double loss = 0;
