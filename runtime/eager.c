@@ -31,6 +31,8 @@
  * the last stage, so a skipped step (non-finite grads) stores nothing. */
 #include "eager_loops.h"
 
+#include <pthread.h>
+
 /* ---- the program: what runs, and where each value lives --------------------------- */
 
 typedef enum { K_NONE, K_OP, K_COPY, K_FILL, K_REDUCE } TaskKind;
@@ -405,10 +407,55 @@ static void *piece_ptr(const Eager *e, int b, const Piece *pc) {
   return elem_ptr(base, (Type)e->g->bufs[b].type, pc->start);
 }
 
+/* Temporaries outlive a step. A large model's step allocates the same few
+ * arrays every time, and an array of fresh pages is a page fault per 4 KiB
+ * (at Llama 4's vocabulary 52 MB arrays, and as much time in the kernel as
+ * in the step). So a freed array is kept, a few of them, and the next one
+ * that fits is taken from there. Each carries its size 64 bytes before it. */
+enum { KEPT = 8, HEAD = 64 };
+static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static char *kept[KEPT];
+
+static size_t arr_bytes(const char *p) { return *(const size_t *)(p - HEAD); }
+
 static void *alloc_arr(int64_t n, int size) {
-  void *p = aligned_alloc(64, ((size_t)(n ? n : 1) * (size_t)size + 63) / 64 * 64);
+  size_t bytes = ((size_t)(n ? n : 1) * (size_t)size + 63) / 64 * 64;
+  char *p = NULL;
+  pthread_mutex_lock(&kept_mu);
+  int best = -1; /* the smallest that fits */
+  for (int i = 0; i < KEPT; i++)
+    if (kept[i] && arr_bytes(kept[i]) >= bytes && (best < 0 || arr_bytes(kept[i]) < arr_bytes(kept[best])))
+      best = i;
+  if (best >= 0)
+    p = kept[best], kept[best] = NULL;
+  pthread_mutex_unlock(&kept_mu);
+  if (p)
+    return p;
+  p = aligned_alloc(64, bytes + HEAD);
   ASSERT(p);
-  return p;
+  *(size_t *)p = bytes;
+  return p + HEAD;
+}
+
+/* Keeps p for the next alloc_arr, in place of the smallest kept one when all are taken. */
+static void free_arr(void *arr) {
+  char *p = arr;
+  if (!p)
+    return;
+  pthread_mutex_lock(&kept_mu);
+  int slot = -1;
+  for (int i = 0; i < KEPT && slot < 0; i++)
+    if (!kept[i])
+      slot = i;
+  for (int i = 0; i < KEPT && slot < 0; i++)
+    if (arr_bytes(kept[i]) < arr_bytes(p) && (slot < 0 || arr_bytes(kept[i]) < arr_bytes(kept[slot])))
+      slot = i;
+  char *drop = p;
+  if (slot >= 0)
+    drop = kept[slot], kept[slot] = p;
+  pthread_mutex_unlock(&kept_mu);
+  if (drop)
+    free(drop - HEAD);
 }
 
 static Scalar at(Operand o, int64_t i) {
@@ -734,9 +781,9 @@ int eager_run_t(const Graph *g, const GroupLayout *l, void *const *tbufs, const 
   }
   res->skipped = !ok;
   for (int i = 0; i < e.p.nslots; i++)
-    free(e.slot_mem[i]);
+    free_arr(e.slot_mem[i]);
   for (int i = 0; i < e.p.ngroups; i++)
-    free(e.group_mem[i]);
+    free_arr(e.group_mem[i]);
   free(e.slot_mem);
   free(e.group_mem);
   free(e.step);
