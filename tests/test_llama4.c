@@ -694,8 +694,8 @@ static void thread_checks(void) {
   thread_case("Maverick-shaped, 320 tokens", d, 4, 80);
   /* a vocabulary whose logits come in blocks of 64 rows */
   L4Config v = small_config();
-  v.vocab_size = 70000;
-  thread_case("V = 70000, head blocks of 64 rows", v, 2, 100);
+  v.vocab_size = 300000;
+  thread_case("V = 300000, head blocks of 64 rows", v, 2, 100);
 }
 
 /* ---- 5. FSDP's hooks ----------------------------------------------------------------------

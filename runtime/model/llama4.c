@@ -24,16 +24,23 @@
     }                                                                 \
   } while (0)
 
+/* The output head's softmax over the vocabulary keeps its max and its sum
+ * in this many lanes (vectorizable; combined in lane order). */
+#define HEAD_LANES 16
+
 /* A phase's row tasks take this many tokens each: the GEMMs' M, and what
  * makes the work of a phase independent of the thread count. */
 #define L4_ROW_BLOCK 64
 
 /* Tokens that go through the output head at once: all of them when their
- * (rows, V) logits fit in 2^22 elements, else a multiple of L4_ROW_BLOCK
- * (at Scout's V = 202048, 64 rows), so the logits never exist for a large
- * batch at once. lm_head's gradient sums over a block's rows at once. */
+ * (rows, V) logits fit in 2^25 elements (128 MiB), else a multiple of
+ * L4_ROW_BLOCK (at Scout's V = 202048, 128 rows), so the logits never exist
+ * for a large batch at once. lm_head's gradient sums over a block's rows
+ * at once. Each block's GEMMs pack all of lm_head again: at 64 rows a
+ * block the tiny Scout's step at Llama 4's vocabulary took 1.5x as long as
+ * at 128 (256 was slower again: the logits no longer stay in cache). */
 static size_t head_block_rows(size_t n, size_t V) {
-  size_t r = ((size_t)1 << 22) / V;
+  size_t r = ((size_t)1 << 25) / V;
   r = r < L4_ROW_BLOCK ? L4_ROW_BLOCK : r / L4_ROW_BLOCK * L4_ROW_BLOCK;
   return r < n ? r : n;
 }

@@ -847,16 +847,35 @@ static void SUF(head_rows)(SUF(Phase) *ph, int t0, int nt, int slot) {
   for (int r = 0; r < nt; r++) {
     REAL *lg = logits + (size_t)r * V;
     int row = m->head_idx[t0 + r], tgt = ph->bt->targets[row];
-    REAL mx = lg[0], picked = lg[tgt];
-    for (int v = 1; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
-    double sum = 0;
+    REAL picked = lg[tgt];
+    /* the max and the sum of exp(logit - max) in HEAD_LANES lanes (lane k
+     * takes v = k mod HEAD_LANES), combined in lane order: loops the
+     * compiler vectorizes, where one running sum is a chain of dependent
+     * adds, and the same bits on any thread count */
+    REAL lmx[HEAD_LANES];
+    double lsum[HEAD_LANES];
+    int vl = V / HEAD_LANES * HEAD_LANES;
+    for (int k = 0; k < HEAD_LANES; k++) lmx[k] = lg[0], lsum[k] = 0;
+    for (int v = 0; v < vl; v += HEAD_LANES)
+      for (int k = 0; k < HEAD_LANES; k++) lmx[k] = lg[v + k] > lmx[k] ? lg[v + k] : lmx[k];
+    REAL mx = lmx[0];
+    for (int k = 1; k < HEAD_LANES; k++) mx = lmx[k] > mx ? lmx[k] : mx;
+    for (int v = vl; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
     if (grads) { /* keep exp(logit - max): the gradient is it / sum, minus the one-hot */
-      for (int v = 0; v < V; v++) sum += lg[v] = R_EXP(lg[v] - mx);
+      for (int v = 0; v < V; v++) lg[v] = R_EXP(lg[v] - mx);
+      for (int v = 0; v < vl; v += HEAD_LANES)
+        for (int k = 0; k < HEAD_LANES; k++) lsum[k] += lg[v + k];
+    } else {
+      for (int v = 0; v < vl; v += HEAD_LANES)
+        for (int k = 0; k < HEAD_LANES; k++) lsum[k] += R_EXP(lg[v + k] - mx);
+    }
+    double sum = 0;
+    for (int k = 0; k < HEAD_LANES; k++) sum += lsum[k];
+    for (int v = vl; v < V; v++) sum += grads ? lg[v] : R_EXP(lg[v] - mx);
+    if (grads) {
       REAL inv = (REAL)(1.0 / sum);
       for (int v = 0; v < V; v++) lg[v] *= inv;
       lg[tgt] -= 1;
-    } else {
-      for (int v = 0; v < V; v++) sum += R_EXP(lg[v] - mx);
     }
     m->row_loss[row] = mx + log(sum) - picked;
   }
