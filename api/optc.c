@@ -468,14 +468,12 @@ int64_t optc_flat_layout(int ntensors, const int64_t *numel, int64_t *offset) {
   return numel && ntensors > 0 ? layout_offsets(ntensors, numel, offset) : 0;
 }
 
-static int64_t chunk_index(const GroupLayout *full, int64_t flat);
-
 int64_t optc_chunk_index(int ntensors, const int64_t *numel, int64_t flat) {
   if (!numel || ntensors <= 0)
     return 0;
   GroupLayout l;
   layout_init(&l, ntensors, numel);
-  int64_t k = chunk_index(&l, flat);
+  int64_t k = layout_chunk_at(&l, flat);
   layout_free(&l);
   return k;
 }
@@ -539,17 +537,6 @@ typedef struct {
   int64_t first, nglobal;
 } ShardGather;
 
-static int64_t chunk_index(const GroupLayout *full, int64_t flat) {
-  int64_t lo = 0, hi = full->nchunks; /* the first chunk at or after flat */
-  while (lo < hi) {
-    int64_t mid = lo + (hi - lo) / 2;
-    if (full->chunks[mid].flat < flat)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
 
 static int shard_gather(void *ctx, const double *local, int64_t nlocal, int width, double *global) {
   const ShardGather *g = ctx;
@@ -701,7 +688,7 @@ static optc_status run(optc_step *s, const optc_buffers *b, const optc_shard *sh
   Reducer reducer;
   ShardGather sg;
   if (sh) {
-    sg = (ShardGather){sh, s->layout.nchunks > 0 ? chunk_index(&s->full, s->layout.chunks[0].flat) : 0,
+    sg = (ShardGather){sh, s->layout.nchunks > 0 ? layout_chunk_at(&s->full, s->layout.chunks[0].flat) : 0,
                        s->full.nchunks};
     reducer = (Reducer){&s->full, shard_gather, shard_all, &sg};
     args.reducer = &reducer;

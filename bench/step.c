@@ -79,21 +79,9 @@ int bench_step(int argc, char **argv) {
     free(ov);
     return 2;
   }
-  if (nproc > 1 && !mpi_rank) { /* every rank runs this command; --nproc itself goes */
-    char **av = calloc((size_t)argc + 3, sizeof(char *));
-    int k = 0;
-    av[k++] = "bench", av[k++] = "step";
-    for (int i = 0; i < argc; i++) {
-      if (!strcmp(argv[i], "--nproc")) {
-        i++;
-        continue;
-      }
-      av[k++] = argv[i];
-    }
-    int rc = launch_mpirun(nproc, k, av, 0);
-    free(av);
+  if (nproc > 1 && !mpi_rank) { /* every rank runs this command */
     free(ov);
-    return rc;
+    return launch_ranks(nproc, "bench", "step", argc, argv, 0);
   }
   char why[256];
   Coll *coll = mpi_rank ? coll_mpi(NULL, NULL, why, sizeof why) : coll_local();

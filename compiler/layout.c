@@ -117,3 +117,15 @@ void **layout_tensor_bufs(const GroupLayout *l, const Graph *g, void *const *fla
           flat && flat[b] ? (char *)flat[b] + l->offset[i] * type_size((Type)g->bufs[b].type) : NULL;
   return t;
 }
+
+int64_t layout_chunk_at(const GroupLayout *l, int64_t flat) {
+  int64_t lo = 0, hi = l->nchunks;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (l->chunks[mid].flat < flat)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}

@@ -45,6 +45,8 @@ void layout_restrict(GroupLayout *l, int64_t lo, int64_t hi);
  * (layout_is_cut): a shard that owns a piece of each of several units.
  * lo and hi become the first range's start and the last one's end. */
 void layout_select(GroupLayout *l, int nranges, const int64_t *ranges);
+/* The index of l's first chunk at or after flat index `flat` (nchunks past the last). */
+int64_t layout_chunk_at(const GroupLayout *l, int64_t flat);
 /* Whether flat index x is a chunk boundary: a multiple of
  * OPTC_REDUCE_BLOCK, or outside every tensor's interior. */
 bool layout_is_cut(const GroupLayout *l, int64_t x);

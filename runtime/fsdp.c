@@ -54,18 +54,6 @@ static void unit_piece(const FsdpUnit *u, int r, int64_t *lo, int64_t *hi) {
   *hi = MAX(MIN(b, u->fhi), *lo);
 }
 
-/* The first chunk at or after flat index x. */
-static int64_t chunk_at(const GroupLayout *full, int64_t x) {
-  int64_t lo = 0, hi = full->nchunks;
-  while (lo < hi) {
-    int64_t mid = lo + (hi - lo) / 2;
-    if (full->chunks[mid].flat < x)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
 
 /* ---- the reducer: every rank's chunk partials, in global order ----------------------- */
 
@@ -76,7 +64,7 @@ static int64_t rank_chunks(const Fsdp *f, int r, int64_t *idx) {
   for (int u = 0; u < f->nunits; u++) {
     int64_t lo, hi;
     unit_piece(&f->units[u], r, &lo, &hi);
-    for (int64_t c = chunk_at(&f->full, lo), e = chunk_at(&f->full, hi); c < e; c++, n++)
+    for (int64_t c = layout_chunk_at(&f->full, lo), e = layout_chunk_at(&f->full, hi); c < e; c++, n++)
       if (idx)
         idx[n] = c;
   }
@@ -111,7 +99,7 @@ static int gather_partials(void *ctx, const double *local, int64_t nlocal, int w
 static int api_gather(void *ctx, const double *local, int64_t first, int64_t nlocal, int64_t nglobal, int width,
                       double *global) {
   Fsdp *f = ctx;
-  ASSERT(nglobal == f->full.nchunks && (nlocal == 0 || first == chunk_at(&f->full, f->ranges[0])));
+  ASSERT(nglobal == f->full.nchunks && (nlocal == 0 || first == layout_chunk_at(&f->full, f->ranges[0])));
   return gather_partials(ctx, local, nlocal, width, global);
 }
 
@@ -210,7 +198,7 @@ int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel, 
   for (int k = 0; k < nunits; k++) { /* the shard's chunks come unit by unit */
     int64_t lo, hi;
     unit_piece(&f->units[k], f->rank, &lo, &hi);
-    f->unit_c0[k + 1] = f->unit_c0[k] + chunk_at(&f->full, hi) - chunk_at(&f->full, lo);
+    f->unit_c0[k + 1] = f->unit_c0[k] + layout_chunk_at(&f->full, hi) - layout_chunk_at(&f->full, lo);
   }
 
   /* the shard of every buffer, and the tensor table that addresses it */

@@ -168,3 +168,24 @@ int launch_mpirun(int nproc, int argc, char **argv, int threads_per_rank) {
   error("mpirun ended by signal %d", WTERMSIG(status));
   return 1;
 }
+
+int launch_ranks(int nproc, const char *cmd, const char *sub, int argc, char **argv, int threads_per_rank) {
+  char **av = calloc((size_t)argc + 3, sizeof(char *));
+  ASSERT(av);
+  int k = 0;
+  av[k++] = (char *)cmd;
+  if (sub)
+    av[k++] = (char *)sub;
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--nproc")) {
+      i++;
+      continue;
+    }
+    if (!strncmp(argv[i], "--nproc=", 8))
+      continue;
+    av[k++] = argv[i];
+  }
+  int rc = launch_mpirun(nproc, k, av, threads_per_rank);
+  free(av);
+  return rc;
+}

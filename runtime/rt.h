@@ -315,6 +315,9 @@ void fsdp_run_plan_spans(const FsdpRunOptions *o, Type pt, Type gt, int world, i
 /* Runs `mpirun -np nproc optc ARGS... --mpi-rank` and returns its exit
  * status; each rank gets --threads threads_per_rank when > 0. */
 int launch_mpirun(int nproc, int argc, char **argv, int threads_per_rank);
+/* The same for the command `optc CMD [SUB] ARGS...` each rank runs, with
+ * ARGS being the launching command's own without its --nproc N. */
+int launch_ranks(int nproc, const char *cmd, const char *sub, int argc, char **argv, int threads_per_rank);
 
 /* ---- ckpt_config.c: a checkpoint directory before its tensors --------------------------------------
  * The recipe's checkpointer block (torchtune's FullModelHFCheckpointer) and

@@ -695,6 +695,29 @@ static double evaluate(Trainer *t) {
 
 static int step_unit(void *ctx, int u); /* the loop's, below */
 
+/* The step's executor on `threads` threads, of pool when not NULL: the
+ * compiled step through the public API (include/optc.h), built from the
+ * recipe as a library user builds it, or the runtime's own eager one. */
+static int make_executor(Trainer *t, Executor *x, int threads, ThreadPool *pool) {
+  Recipe *r = t->r;
+  if (!t->compiled) {
+    if (executor_init(x, BACKEND_EAGER, t->g, t->unopt, threads, NULL) != 0)
+      return -1;
+    if (pool)
+      executor_share_pool(x, pool);
+    return 0;
+  }
+  optc_step *api;
+  optc_error err;
+  if (optc_step_from_recipe(r->path, r->src.text, (const char *const *)r->overrides, r->noverrides, OPTC_TARGET_CPU,
+                            &api, &err) != OPTC_OK) {
+    fprintf(stderr, "%s\n", err.message);
+    return -1;
+  }
+  executor_init_api(x, api, t->g, threads, pool);
+  return 0;
+}
+
 /* The seeded initialisation (l4_init_params's values, every rank the
  * same), unit by unit: the unit made whole in one f32 span, and this
  * rank's part kept, rounded to the params' dtype. */
@@ -870,22 +893,10 @@ static int setup(Trainer *t) {
     error("cannot start %d threads for the model", threads);
     return -1;
   }
-  /* the compiled step through the public API (include/optc.h), built from
-   * the recipe as a library user builds it; eager runs the runtime's own */
-  if (t->compiled) {
-    optc_step *api;
-    optc_error err;
-    if (optc_step_from_recipe(r->path, r->src.text, (const char *const *)r->overrides, r->noverrides,
-                              OPTC_TARGET_CPU, &api, &err) != OPTC_OK) {
-      fprintf(stderr, "%s\n", err.message);
-      return -1;
-    }
-    executor_init_api(&t->ex, api, t->g, threads, t->pool); /* one pool: the model's and the step's */
-  } else if (executor_init(&t->ex, BACKEND_EAGER, t->g, t->unopt, threads, NULL) != 0) {
+  /* one pool: the model's and the step's (eager too: torch's for-loop runs
+   * on all of torch's threads) */
+  if (make_executor(t, &t->ex, threads, t->pool) != 0)
     return -1;
-  } else {
-    executor_share_pool(&t->ex, t->pool); /* eager too: torch's for-loop runs on all of torch's threads */
-  }
   /* Without optimizer_in_bwd, a clipping step's first phase, the norm,
    * runs unit by unit as each unit's grads come in (the grads are in the
    * cache then), and the step after the backward takes its partials: a
@@ -898,20 +909,8 @@ static int setup(Trainer *t) {
   l4_set_hooks(t->model, &hooks);
   /* that work on the collectives' thread: a step of its own there, one
    * thread (the model's pool runs the backward meanwhile) */
-  if (ro.step_unit && fsdp_run_threaded(t->run)) {
-    if (t->compiled) {
-      optc_step *api;
-      optc_error err;
-      if (optc_step_from_recipe(r->path, r->src.text, (const char *const *)r->overrides, r->noverrides,
-                                OPTC_TARGET_CPU, &api, &err) != OPTC_OK) {
-        fprintf(stderr, "%s\n", err.message);
-        return -1;
-      }
-      executor_init_api(&t->ex_unit, api, t->g, 1, NULL);
-    } else if (executor_init(&t->ex_unit, BACKEND_EAGER, t->g, t->unopt, 1, NULL) != 0) {
-      return -1;
-    }
-  }
+  if (ro.step_unit && fsdp_run_threaded(t->run) && make_executor(t, &t->ex_unit, 1, NULL) != 0)
+    return -1;
   t->inputs = calloc((size_t)t->g->nins + 1, sizeof(double));
   Binding first = {"step", 1};
   if (inputs_resolve(t->g, NULL, 0, &first, 1, t->inputs) != 0)

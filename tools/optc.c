@@ -470,26 +470,8 @@ static int cmd_exec(int argc, char **argv) {
     error("exec needs CONFIG, --in and --out (see optc exec --help)");
     goto done;
   }
-  if (nproc > 1 && !mpi_rank) {
-    /* every rank runs this same command; --nproc itself goes */
-    char **av = calloc((size_t)argc + 1, sizeof(char *));
-    int k = 0;
-    for (int i = 0; i < argc; i++) {
-      if (!strcmp(argv[i], "--nproc")) {
-        i++;
-        continue;
-      }
-      if (!strncmp(argv[i], "--nproc=", 8))
-        continue;
-      av[k++] = argv[i];
-    }
-    char *cmd_argv[1] = {"exec"};
-    char **full = calloc((size_t)k + 2, sizeof(char *));
-    full[0] = cmd_argv[0];
-    memcpy(full + 1, av, sizeof(char *) * (size_t)k);
-    rc = launch_mpirun(nproc, k + 1, full, threads ? threads : MAX(1, pool_default_threads() / nproc));
-    free(av);
-    free(full);
+  if (nproc > 1 && !mpi_rank) { /* every rank runs this same command */
+    rc = launch_ranks(nproc, "exec", NULL, argc, argv, threads ? threads : MAX(1, pool_default_threads() / nproc));
     goto done;
   }
   rc = 1;
@@ -740,20 +722,8 @@ static int cmd_run(int argc, char **argv) {
     return 2;
   }
   if (nproc > 1 && !mpi_rank) {
-    char **av = calloc((size_t)argc + 2, sizeof(char *));
-    int k = 0;
-    av[k++] = "run";
-    for (int i = 0; i < argc; i++) {
-      if (!strcmp(argv[i], "--nproc")) {
-        i++;
-        continue;
-      }
-      av[k++] = argv[i];
-    }
-    int rc = launch_mpirun(nproc, k, av, 0);
-    free(av);
     free(ov);
-    return rc;
+    return launch_ranks(nproc, "run", NULL, argc, argv, 0);
   }
   Arena *arena = arena_new();
   int rc = 1;
