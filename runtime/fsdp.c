@@ -49,7 +49,7 @@ static Type buf_type(const Fsdp *f, int b) { return (Type)f->g->bufs[b].type; }
 
 /* Rank r's part of unit u, clipped to the unit's elements: its piece. */
 static void unit_piece(const FsdpUnit *u, int r, int64_t *lo, int64_t *hi) {
-  int64_t a = u->base + u->S * r, b = a + u->S;
+  int64_t a = fsdp_part_start(u, r), b = a + u->S;
   *lo = MIN(MAX(a, u->flo), u->fhi);
   *hi = MAX(MIN(b, u->fhi), *lo);
 }
@@ -214,7 +214,7 @@ int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel, 
   }
   for (int k = 0; k < nunits; k++) {
     const FsdpUnit *u = &f->units[k];
-    int64_t part = u->base + u->S * f->rank; /* flat index of the part's first element */
+    int64_t part = fsdp_part_start(u, f->rank);
     for (int t = u->t0; t < u->t1; t++)
       for (int b = 0; b < g->nbufs; b++)
         f->table[(size_t)t * (size_t)g->nbufs + (size_t)b] =
@@ -332,7 +332,7 @@ int fsdp_load(Fsdp *f, const ParamGroup *pg, bool contribute_grads) {
       unit_piece(&f->units[k], f->rank, &lo, &hi);
       const FsdpUnit *u = &f->units[k];
       if (hi > lo)
-        memcpy(elem_at(fsdp_part(f, b, k), t, lo - (u->base + u->S * f->rank)), elem_at(pg->bufs[b], t, lo),
+        memcpy(elem_at(fsdp_part(f, b, k), t, lo - fsdp_part_start(u, f->rank)), elem_at(pg->bufs[b], t, lo),
                (size_t)(hi - lo) * es);
     }
   }

@@ -193,6 +193,9 @@ typedef struct {
   int64_t at;       /* where this rank's part starts in its shard (elements) */
 } FsdpUnit;
 
+/* The flat index where rank r's part of unit u starts. */
+static inline int64_t fsdp_part_start(const FsdpUnit *u, int r) { return u->base + u->S * r; }
+
 typedef struct {
   Coll *coll;
   int rank, world;

@@ -300,7 +300,7 @@ static void gather_plan(Gather *gs, int b, int i) {
   const FsdpUnit *x = &f->units[u];
   int64_t a = f->full.offset[i], e = a + f->full.numel[i];
   for (int r = 0; r < f->world; r++) {
-    int64_t lo = MAX(a, x->base + x->S * r), hi = MIN(e, x->base + x->S * (r + 1));
+    int64_t lo = MAX(a, fsdp_part_start(x, r)), hi = MIN(e, fsdp_part_start(x, r + 1));
     if (hi > lo)
       gs->sched[gs->n++] = (GatherPiece){b, i, r, lo, hi};
   }
@@ -313,8 +313,8 @@ static const char *gather_next(Gather *gs) {
   const GatherPiece *p = &gs->sched[gs->next];
   Type ty = (Type)t->g->bufs[p->b].type;
   size_t es = (size_t)type_size(ty);
-  const FsdpUnit *x = &f->units[fsdp_unit_of(f, p->t)];
-  char *own = (char *)fsdp_part(f, p->b, fsdp_unit_of(f, p->t)) + (size_t)(p->lo - (x->base + x->S * p->r)) * es;
+  int u = fsdp_unit_of(f, p->t);
+  char *own = (char *)fsdp_part(f, p->b, u) + (size_t)(p->lo - fsdp_part_start(&f->units[u], p->r)) * es;
   char *buf = p->r == t->rank ? own : gs->scratch;
   if (t->world > 1 && coll_broadcast(t->coll, buf, (p->hi - p->lo) * (int64_t)es, p->r) != 0) {
     gs->failed = true;
