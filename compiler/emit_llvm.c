@@ -46,6 +46,10 @@ typedef struct {
   LLVMValueRef *rnd;     /* (nins) a cvt to bf16: the rounded value as f32 bits */
   LLVMValueRef *lerp_w;  /* (nins) a lerp by a step value: the fma's weight, splat */
   LLVMValueRef *lerp_lo; /* (nins) ... and whether |w| < 0.5, splat */
+  LLVMValueRef *recip;   /* (nins) a div taken as a multiply (recip_div): 1/c at entry */
+  LLVMValueRef *rsplat;  /* (nins) ... its splat, per chunk */
+  LLVMValueRef recip_ok; /* NULL, or whether every such multiply rounds as its div this call */
+  bool by_recip;         /* the loop being emitted multiplies where recip is set */
   uint8_t *fl;           /* (nins) FL_* of the phase being emitted */
   uint8_t *stage;        /* (nins) 1: after a divide or a square root (the pipelined loop's second stage) */
   Ref *cross;            /* (nins) the first stage's values the second reads */
@@ -649,6 +653,8 @@ static LLVMValueRef emit_ins(E *e, Ref i) {
     }
     unreachable(); /* inputs are step scope */
   case TR_ARITH: {
+    if (op == OP_DIV && e->by_recip && e->rsplat[i])
+      return LLVMBuildFMul(b, a[0], e->rsplat[i], "");
     if (t == TY_F32 || t == TY_F64)
       return arith(e, op, a);
     LLVMValueRef f[3];
@@ -1171,6 +1177,60 @@ static LLVMValueRef chunk_hit(E *e, LLVMValueRef len) {
   return hit;
 }
 
+/* ---- a divide by a step value, as a multiply where that is exact ---------------------- */
+
+/* Whether div i is d / c in f32 with c a step value, d a bf16 hold of a
+ * square root, and every use of the quotient a rounding to bf16: the
+ * for-loop AdamW's exp_avg_sq.sqrt() / bias_correction2_sqrt on bf16
+ * tensors. Then bf16(d * RN(1/c)) is bf16(d / c) for every d as soon as it
+ * is for the 128 significands of a bf16 in [1, 2), with c in [2^-40,
+ * 2^40]: d is a zero, an Inf or a NaN (the same either way, c > 0), or a
+ * normal in [2^-76, 2^65] (an f32's square root in 8 bits), so the
+ * quotient and the product are normal, and scaling d by 2^k scales both
+ * and their roundings by 2^k. recip_check tests the 128 once per call (a
+ * thread's share of a step); the loop multiplies only where they agree. */
+static bool recip_div(const Graph *g, Ref i) {
+  const Ins *x = &g->ins[i];
+  if (x->op != OP_DIV || x->type != TY_F32 || !in_body(x))
+    return false;
+  const Ins *c = &g->ins[x->args[1]], *h = &g->ins[x->args[0]];
+  if (c->scope != SCOPE_STEP || c->type != TY_F32 || h->op != OP_CVT || h->type != TY_F32 || !in_body(h))
+    return false;
+  const Ins *y = &g->ins[h->args[0]];
+  if (y->op != OP_CVT || y->type != TY_BF16 || !in_body(y))
+    return false;
+  const Ins *z = &g->ins[y->args[0]];
+  if ((z->op != OP_SQRT && z->op != OP_SQRT_MKL) || z->type != TY_F32 || !in_body(z))
+    return false;
+  for (Ref u = i + 1; u < g->nins; u++)
+    for (int k = 0; k < op_info[g->ins[u].op].nargs; k++)
+      if (g->ins[u].args[k] == i && (g->ins[u].op != OP_CVT || g->ins[u].type != TY_BF16))
+        return false;
+  return true;
+}
+
+/* Whether bf16(m / c) == bf16(m * r) for the 128 significands m of a bf16
+ * in [1, 2), and c is in [2^-40, 2^40] (not for a NaN): an i1. */
+static LLVMValueRef recip_check(E *e, LLVMValueRef c, LLVMValueRef r) {
+  LLVMBuilderRef b = e->b;
+  LLVMTypeRef iw = LLVMIntTypeInContext(e->c, W);
+  LLVMValueRef cs = broadcast(e, c), rs = broadcast(e, r), differ = NULL;
+  for (int k = 0; k < 128; k += W) {
+    LLVMValueRef m[W];
+    for (int l = 0; l < W; l++)
+      m[l] = LLVMConstReal(e->tf32, 1.0 + (k + l) / 128.0);
+    LLVMValueRef mv = LLVMConstVector(m, W);
+    LLVMValueRef q = LLVMBuildBitCast(b, LLVMBuildFDiv(b, mv, cs, ""), vec(e->ti32, W), "");
+    LLVMValueRef p = LLVMBuildBitCast(b, LLVMBuildFMul(b, mv, rs, ""), vec(e->ti32, W), "");
+    LLVMValueRef ne = LLVMBuildICmp(b, LLVMIntNE, bf16_round_bits(e, q), bf16_round_bits(e, p), "");
+    differ = differ ? LLVMBuildOr(b, differ, ne, "") : ne;
+  }
+  LLVMValueRef same = LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildBitCast(b, differ, iw, ""), LLVMConstInt(iw, 0, 0), "");
+  LLVMValueRef in = LLVMBuildAnd(b, LLVMBuildFCmp(b, LLVMRealOGE, c, LLVMConstReal(e->tf32, 0x1p-40), ""),
+                                 LLVMBuildFCmp(b, LLVMRealOLE, c, LLVMConstReal(e->tf32, 0x1p40), ""), "");
+  return LLVMBuildAnd(b, in, same, "");
+}
+
 static void emit_phase(E *e, int k) {
   const Graph *g = e->g;
   LLVMContextRef c = e->c;
@@ -1221,6 +1281,15 @@ static void emit_phase(E *e, int k) {
   for (int r = 0; r < g->nins; r++)
     if (e->scalar[r] && (g->ins[r].type == TY_F32 || g->ins[r].type == TY_F64))
       e->cscalar[r] = canonical_nan(e, e->scalar[r]);
+  memset(e->recip, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
+  e->recip_ok = NULL;
+  for (Ref i = ph->lo; i < ph->hi; i++)
+    if (recip_div(g, i)) {
+      LLVMValueRef cv = e->scalar[g->ins[i].args[1]];
+      e->recip[i] = LLVMBuildFDiv(b, LLVMConstReal(e->tf32, 1.0), cv, "recip");
+      LLVMValueRef ok = recip_check(e, cv, e->recip[i]);
+      e->recip_ok = e->recip_ok ? LLVMBuildAnd(b, e->recip_ok, ok, "") : ok;
+    }
   LLVMBuildBr(b, chunk_cond);
 
   /* for each chunk */
@@ -1250,7 +1319,10 @@ static void emit_phase(E *e, int k) {
   memset(e->splat, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
   memset(e->csplat, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
   memset(e->lerp_w, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
+  memset(e->rsplat, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
   for (int r = 0; r < g->nins; r++) {
+    if (e->recip[r])
+      e->rsplat[r] = broadcast(e, e->recip[r]);
     if (e->scalar[r])
       e->splat[r] = broadcast(e, e->scalar[r]);
     if (e->cscalar[r])
@@ -1291,8 +1363,9 @@ static void emit_phase(E *e, int k) {
     acc0[r] = fconst(vacc, red_is_max((RedKind)g->ins[ph->reds[r]].red) ? -1.0 / 0.0 : 0.0);
   LLVMPositionBuilderAtEnd(b, vec_cond);
   bool piped = stages(e);
-  LLVMValueRef jv, jg = NULL;
-  LLVMBasicBlockRef from_v, from_g = NULL;
+  LLVMValueRef jv, jg = NULL, jr = NULL;
+  LLVMValueRef acc_r[16];
+  LLVMBasicBlockRef from_v, from_g = NULL, from_r = NULL;
   LLVMValueRef hit = chunk_hit(e, len);
   if (hit) {
     /* A chunk in none of torch's loop remainders (almost every chunk of a
@@ -1308,6 +1381,21 @@ static void emit_phase(E *e, int k) {
     LLVMPositionBuilderAtEnd(b, plain);
     e->no_tail = true;
   }
+  if (e->recip_ok) {
+    /* the full vectors with the multiplies, where this call's check passed
+     * (on all but ~1 step in 2000 of AdamW's bias corrections); else the
+     * divides */
+    LLVMBasicBlockRef mul = LLVMAppendBasicBlockInContext(c, fn, "vec.recip");
+    LLVMBasicBlockRef div = LLVMAppendBasicBlockInContext(c, fn, "vec.div");
+    LLVMBuildCondBr(b, e->recip_ok, mul, div);
+    LLVMPositionBuilderAtEnd(b, mul);
+    e->by_recip = true;
+    jr = vec_loop(e, fn, len, piped, acc0, acc_r);
+    e->by_recip = false;
+    from_r = LLVMGetInsertBlock(b);
+    LLVMBuildBr(b, tail_check);
+    LLVMPositionBuilderAtEnd(b, div);
+  }
   jv = vec_loop(e, fn, len, piped, acc0, acc_v);
   e->no_tail = false;
   from_v = LLVMGetInsertBlock(b);
@@ -1318,11 +1406,15 @@ static void emit_phase(E *e, int k) {
   LLVMAddIncoming(jphi, &jv, &from_v, 1);
   if (jg)
     LLVMAddIncoming(jphi, &jg, &from_g, 1);
+  if (jr)
+    LLVMAddIncoming(jphi, &jr, &from_r, 1);
   for (int r = 0; r < nred; r++) {
     acc_tc[r] = LLVMBuildPhi(b, vacc, "acc.tail");
     LLVMAddIncoming(acc_tc[r], &acc_v[r], &from_v, 1);
     if (jg)
       LLVMAddIncoming(acc_tc[r], &acc_g[r], &from_g, 1);
+    if (jr)
+      LLVMAddIncoming(acc_tc[r], &acc_r[r], &from_r, 1);
   }
   LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, jphi, len, ""), tail, chunk_end);
   LLVMPositionBuilderAtEnd(b, tail);
@@ -1389,11 +1481,14 @@ LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *fea
   e.rnd = calloc(n, sizeof(LLVMValueRef));
   e.lerp_w = calloc(n, sizeof(LLVMValueRef));
   e.lerp_lo = calloc(n, sizeof(LLVMValueRef));
+  e.recip = calloc(n, sizeof(LLVMValueRef));
+  e.rsplat = calloc(n, sizeof(LLVMValueRef));
   e.fl = calloc(n, 1);
   e.stage = calloc(n, 1);
   e.cross = calloc(n, sizeof(Ref));
   ASSERT(e.val && e.scalar && e.tscalar && e.splat && e.srkey && e.tail && e.bufptr);
-  ASSERT(e.cscalar && e.csplat && e.rnd && e.lerp_w && e.lerp_lo && e.fl && e.stage && e.cross);
+  ASSERT(e.cscalar && e.csplat && e.rnd && e.lerp_w && e.lerp_lo && e.recip && e.rsplat && e.fl && e.stage &&
+         e.cross);
   for (int k = 0; k < p->nphases; k++) {
     e.ph = &p->phases[k];
     emit_phase(&e, k);
@@ -1410,6 +1505,8 @@ LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *fea
   free(e.rnd);
   free(e.lerp_w);
   free(e.lerp_lo);
+  free(e.recip);
+  free(e.rsplat);
   free(e.fl);
   free(e.stage);
   free(e.cross);

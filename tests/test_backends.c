@@ -12,7 +12,13 @@
  * - 64-bit indexing, without 8 GB: a chunk whose flat index is past 2^31
  *   and whose index within its tensor is past 2^32 (which the
  *   stochastic-rounding hash reads), over buffers whose base pointers are
- *   moved back by as much; the kernel and the interpreter must agree. */
+ *   moved back by as much; the kernel and the interpreter must agree.
+ * - The for-loop AdamW's exp_avg_sq.sqrt() / bias_correction2_sqrt on bf16,
+ *   which the kernel multiplies by the reciprocal when a check of this
+ *   step's divisor says that rounds the same (emit_llvm.c, recip_div): over
+ *   every bf16 bit pattern of exp_avg_sq, at steps where the check passes
+ *   and steps where it fails, with both of torch's sqrts, on this CPU's code
+ *   and haswell's, the kernel gives the interpreter's bytes. */
 #include "testlib.h"
 
 #include <math.h>
@@ -244,7 +250,108 @@ static void test_index64(void) {
   arena_free(arena);
 }
 
+/* ---- a divide by a step value, as a multiply ------------------------------------------------ */
+
+static uint32_t hold_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+}
+
+/* emit_llvm.c's recip_check, written again: whether bf16(m / c) ==
+ * bf16(m * (1 / c)) for the 128 significands m of a bf16 in [1, 2). */
+static bool recip_rounds_same(float c) {
+  volatile float r = 1.0f / c;
+  for (int k = 0; k < 128; k++) {
+    volatile float m = 1.0f + (float)k / 128.0f, q = m / c, p = m * r;
+    if (hold_bits(q) != hold_bits(p))
+      return false;
+  }
+  return c >= 0x1p-40f && c <= 0x1p40f;
+}
+
+static void test_recip(void) {
+  static const char *const cpus[] = {"avx2", "avx512"};
+  static const struct {
+    double beta2;
+    int step;
+  } steps[] = {{0.999, 1}, {0.999, 2}, {0.999, 2934}, {0.999, 4923}, {0.9999, 775}, {0.9999, 2402}, {0.95, 7}};
+  enum { N = 65536 + 37 }; /* every bf16 bit pattern, and a tail */
+  int by_kind[2] = {0, 0};
+  for (int ci = 0; ci < 2; ci++) {
+    Arena *arena = arena_new();
+    char yaml[256];
+    snprintf(yaml, sizeof yaml,
+             "optimizer:\n  _component_: torch.optim.AdamW\n  lr: 0.01\n  weight_decay: 0.1\n"
+             "dtype: bf16\ntorch_cpu: %s\nnonfinite_grads: propagate\n",
+             cpus[ci]);
+    Graph *g = build_recipe(yaml, arena);
+    ASSERT(g && pipeline_run(g, &(PipelineOptions){0}));
+    CpuProgram *progs[2] = {cpu_compile(g, &(CpuTarget){.no_cache = true}, NULL),
+                            cpu_compile(g, &(CpuTarget){.cpu = "haswell", .no_cache = true}, NULL)};
+    ASSERT(progs[0] && progs[1]);
+    int64_t numel = N;
+    GroupLayout l;
+    layout_init(&l, 1, &numel);
+    ThreadPool *pool = pool_create(2);
+    void *init[8], *bufs[3][8];
+    rng = 7;
+    for (int b = 0; b < g->nbufs; b++) {
+      size_t bytes = (size_t)l.total * (size_t)type_size(g->bufs[b].type);
+      init[b] = alloc64(bytes);
+      uint16_t *h = init[b];
+      bool sq = !strcmp(g->bufs[b].name, "exp_avg_sq");
+      for (int64_t i = 0; i < l.total; i++)
+        h[i] = sq ? (uint16_t)i : optc_f32_to_bf16(normalf() * (g->bufs[b].kind == BUF_GRAD ? 1e-2f : 1.0f));
+      for (int k = 0; k < 3; k++)
+        bufs[k][b] = alloc64(bytes);
+    }
+    Ref sref = graph_find_input(g, "step"), bref = graph_find_input(g, "beta2");
+    ASSERT(sref != NOREF && bref != NOREF);
+    bool ok = true;
+    for (size_t si = 0; si < ARRAY_LEN(steps); si++) {
+      double *vals = step1_inputs(g, false);
+      vals[sref] = steps[si].step;
+      vals[bref] = steps[si].beta2;
+      bool mul = recip_rounds_same((float)sqrt(1.0 - pow(steps[si].beta2, steps[si].step)));
+      by_kind[mul]++;
+      for (int k = 0; k < 3; k++)
+        for (int b = 0; b < g->nbufs; b++)
+          memcpy(bufs[k][b], init[b], (size_t)l.total * (size_t)type_size(g->bufs[b].type));
+      StepArgs args = {vals, 1};
+      StepResult r;
+      interp_step(g, &l, bufs[0], &args, &r);
+      for (int k = 0; k < 2; k++) {
+        cpu_step(progs[k], pool, g, &l, bufs[k + 1], &args, &r);
+        char what[128];
+        snprintf(what, sizeof what, "recip: torch_cpu %s, beta2 %g, step %d (%s), %s code", cpus[ci],
+                 steps[si].beta2, steps[si].step, mul ? "multiplies" : "divides", k ? "haswell" : "this CPU's");
+        bool same = same_bytes(g, l.total, bufs[0], bufs[k + 1], what);
+        CHECK(same, "%s: the kernel differs from the interpreter", what);
+        ok &= same;
+      }
+      free(vals);
+    }
+    printf("recip: torch_cpu %s, %zu steps over every bf16 exp_avg_sq: %s\n", cpus[ci], ARRAY_LEN(steps),
+           ok ? "identical" : "DIFFERENT");
+    for (int b = 0; b < g->nbufs; b++) {
+      free(init[b]);
+      for (int k = 0; k < 3; k++)
+        free(bufs[k][b]);
+    }
+    pool_free(pool);
+    layout_free(&l);
+    cpu_program_free(progs[0]);
+    cpu_program_free(progs[1]);
+    arena_free(arena);
+  }
+  /* both of the kernel's loops ran */
+  CHECK(by_kind[0] > 0 && by_kind[1] > 0, "recip: steps that divide (%d) and steps that multiply (%d)", by_kind[0],
+        by_kind[1]);
+}
+
 int main(void) {
+  test_recip();
   test_index64();
   test_cache();
   test_matrix();

@@ -5,15 +5,19 @@ Reads the assembly on stdin. A loop is a label that a later conditional or
 unconditional jump in the same function jumps back to; its body is the
 instructions from the label to that jump (the last such jump), inner labels
 included. For each function (optc_phaseN) it prints, of the innermost loops
-(no other loop starts inside), the one with the most vector (zmm/ymm)
-instructions, the body's instruction count, its software prefetches, the
+(no other loop starts inside), the hot one: of those within 10% of the most
+vector (zmm/ymm) instructions, the one with the fewest divider ops
+(vdivps, vsqrtps): where optc emits a loop twice, one multiplying by a
+reciprocal where a per-call check says that rounds as the divide (all but
+rare steps) and one dividing, the first is what runs. It prints the body's
+instruction count, its software prefetches, the
 vector width in f32 lanes (16 for zmm, 8 for ymm), the elements one
 iteration covers (the step of the register its loads index by: 16, optc's
 vector, on both targets, so an AVX2 iteration is two ymm wide) and the
 instructions per element, prefetches left out (they use the load ports,
-not the vector ALUs):
+not the vector ALUs), and its divider ops:
 
-    optc_phase1: loop .LBB1_11: 124 instructions, 4 prefetches, 16 lanes, 16 elements, 7.50 per element
+    optc_phase1: loop .LBB1_11: 124 instructions, 4 prefetches, 16 lanes, 16 elements, 7.50 per element, 3 divider ops
 
 With --max F, exits 1 when a phase's figure is above F (--phase N: only that
 phase).
@@ -45,24 +49,27 @@ def loops(lines):
             m = re.match(r"^\s+j\w+\s+(\.LBB\d+_\d+)", ln)
             if m and m.group(1) in labels and labels[m.group(1)] < i:
                 spans[m.group(1)] = (labels[m.group(1)], i)
-        best = None
+        inner = []
         for label, (lo, hi) in spans.items():
             # innermost only: no other loop starts inside this one
             if any(lo < lo2 <= hi for l2, (lo2, _) in spans.items() if l2 != label):
                 continue
             insns = [x for x in body[lo + 1:hi + 1] if x.startswith("\t") and not x.lstrip().startswith(".")]
             vec = sum(("%zmm" in x or "%ymm" in x) for x in insns)
-            if best is None or vec > best[2]:
-                best = (label, insns, vec)
+            div = sum(bool(re.match(r"^\s+v(div|sqrt)p[sd]\s", x)) for x in insns)
+            inner.append((label, insns, vec, div))
+        top = max((x[2] for x in inner), default=0)
+        hot = [x for x in inner if x[2] >= 0.9 * top]
+        best = min(hot, key=lambda x: (x[3], -x[2])) if hot else None
         if best:
-            insns = best[1]
+            insns, divs = best[1], best[3]
             lanes = 16 if any("%zmm" in x for x in insns) else 8
             index = {m for x in insns for m in re.findall(r"\(%\w*,(%\w+),\d\)", x)}
             steps = [int(m.group(2)) for x in insns
                      for m in [re.match(r"^\s+add[ql]\s+\$(-?)(\d+),\s+(%\w+)$", x)]
                      if m and not m.group(1) and m.group(3) in index]
             prefetches = sum(x.lstrip().startswith("prefetch") for x in insns)
-            yield fn, best[0], len(insns), prefetches, lanes, steps[0] if len(steps) == 1 else lanes
+            yield fn, best[0], len(insns), prefetches, lanes, steps[0] if len(steps) == 1 else lanes, divs
 
 
 def main():
@@ -72,13 +79,13 @@ def main():
     a = ap.parse_args()
     bad = False
     found = False
-    for fn, label, n, prefetches, lanes, elems in loops(sys.stdin.read().splitlines()):
+    for fn, label, n, prefetches, lanes, elems, divs in loops(sys.stdin.read().splitlines()):
         if a.phase is not None and fn != f"optc_phase{a.phase}":
             continue
         found = True
         per = (n - prefetches) / elems
         print(f"{fn}: loop {label}: {n} instructions, {prefetches} prefetches, {lanes} lanes, {elems} elements, "
-              f"{per:.2f} per element")
+              f"{per:.2f} per element, {divs} divider ops")
         if a.max is not None and per > a.max:
             print(f"{fn}: {per:.2f} instructions per element is above {a.max}")
             bad = True
