@@ -5,11 +5,14 @@ Reads the assembly on stdin. A loop is a label that a later conditional or
 unconditional jump in the same function jumps back to; its body is the
 instructions from the label to that jump (the last such jump), inner labels
 included. For each function (optc_phaseN) it prints, of the innermost loops
-(no other loop starts inside), the hot one: of those within 10% of the most
-vector (zmm/ymm) instructions, the one with the fewest divider ops
-(vdivps, vsqrtps): where optc emits a loop twice, one multiplying by a
-reciprocal where a per-call check says that rounds as the divide (all but
-rare steps) and one dividing, the first is what runs. It prints the body's
+(no other loop starts inside), the hot one: of those that prefetch (every
+full-vector loop does; the masked tail, whose block layout can look like a
+loop, does not) and have at least half the most vector (zmm/ymm)
+instructions, the one with the fewest divider
+ops (vdivps, vsqrtps), then the most vector instructions. Where optc emits
+a loop twice, one multiplying by a reciprocal where a per-call check says
+that rounds as the divide (all but rare steps) and one dividing (not
+pipelined, so larger), the first is what runs. It prints the body's
 instruction count, its software prefetches, the
 vector width in f32 lanes (16 for zmm, 8 for ymm), the elements one
 iteration covers (the step of the register its loads index by: 16, optc's
@@ -58,8 +61,10 @@ def loops(lines):
             vec = sum(("%zmm" in x or "%ymm" in x) for x in insns)
             div = sum(bool(re.match(r"^\s+v(div|sqrt)p[sd]\s", x)) for x in insns)
             inner.append((label, insns, vec, div))
+        pf = [x for x in inner if any(y.lstrip().startswith("prefetch") for y in x[1])]
+        inner = pf or inner
         top = max((x[2] for x in inner), default=0)
-        hot = [x for x in inner if x[2] >= 0.9 * top]
+        hot = [x for x in inner if x[2] >= 0.5 * top]
         best = min(hot, key=lambda x: (x[3], -x[2])) if hot else None
         if best:
             insns, divs = best[1], best[3]
