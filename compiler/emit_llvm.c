@@ -51,9 +51,9 @@ typedef struct {
   LLVMValueRef recip_ok; /* NULL, or whether every such multiply rounds as its div this call */
   bool by_recip;         /* the loop being emitted multiplies where recip is set */
   uint8_t *fl;           /* (nins) FL_* of the phase being emitted */
-  uint8_t *stage;        /* (nins) 1: after a divide or a square root (the pipelined loop's second stage) */
-  Ref *cross;            /* (nins) the first stage's values the second reads */
-  int ncross;
+  uint8_t *stage;        /* (nins) its stage in the pipelined loop: divides and square roots before it (stages) */
+  Ref *cross;            /* (nins) the values a stage reads of an earlier one */
+  int ncross, nstages;
   bool no_tail;          /* this body's vector is in no tailpos remainder */
   bool avx512;           /* the target has AVX-512F (vrsqrt14ps) */
   bool avx512bw;         /* ... and AVX-512BW (vpermw): bf16 packed and widened in one op */
@@ -919,32 +919,43 @@ static void emit_body(E *e, LLVMValueRef *acc) {
   emit_stage(e, acc, -1);
 }
 
-/* Splits the body in two stages: what a divide or a square root (a long
- * latency, and the divider's throughput) depends on, and the rest. The
- * pipelined loop runs the second stage of one vector beside the first of
- * the next, so the core overlaps their chains without holding a whole
- * vector's worth of waiting instructions in its scheduler. False when
- * either stage would be empty. */
-static bool stages(E *e) {
+/* Splits the body in stages at each divide or square root (a long latency,
+ * and the divider's throughput): a value's stage is the number of them on
+ * its longest path from the loads, at most MAX_STAGES - 1. The pipelined
+ * loop runs stage s of vector k - s beside the others, so the core overlaps
+ * the vectors' chains without holding a whole vector's worth of waiting
+ * instructions in its scheduler. Returns the number of stages (below 2:
+ * not pipelined). */
+enum { MAX_STAGES = 3 }; /* vec_loop has the measurements */
+static int stages(E *e) {
   const Graph *g = e->g;
   const PlanPhase *ph = e->ph;
-  int n[2] = {0, 0};
+  int n[MAX_STAGES] = {0};
+  /* AVX2's 16 vector registers hold two stages' values, not three: the
+   * third spills (the bf16 loop went from 207 to 219 instructions) */
+  int most = e->avx512 ? MAX_STAGES : 2;
   memset(e->stage, 0, (size_t)g->nins);
   e->ncross = 0;
   for (Ref i = ph->lo; i < ph->hi; i++) {
     const Ins *x = &g->ins[i];
     if (!in_body(x))
       continue;
-    bool late = x->op == OP_DIV || x->op == OP_SQRT || x->op == OP_RSQRT || x->op == OP_SQRT_MKL;
+    int d = 0;
     for (int k = 0; k < op_info[x->op].nargs; k++)
-      late |= in_body(&g->ins[x->args[k]]) && e->stage[x->args[k]];
-    e->stage[i] = late;
+      if (in_body(&g->ins[x->args[k]]))
+        d = MAX(d, e->stage[x->args[k]]);
+    if (x->op == OP_DIV || x->op == OP_SQRT || x->op == OP_RSQRT || x->op == OP_SQRT_MKL)
+      d = MIN(d + 1, most - 1);
+    e->stage[i] = (uint8_t)d;
     if (x->op != OP_LOAD)
-      n[late]++;
+      n[d]++;
   }
-  if (!n[0] || !n[1])
-    return false;
-  /* what the second stage reads of the first: operands, and the bf16 a
+  int ns = 0;
+  while (ns < most && n[ns])
+    ns++;
+  if (ns < 2)
+    return 0;
+  /* what a stage reads of an earlier one: operands, and the bf16 a
    * rounding of a widening looks through (emit_round_bf16) */
   uint8_t *seen = calloc((size_t)g->nins + 1, 1);
   ASSERT(seen);
@@ -958,22 +969,71 @@ static bool stages(E *e) {
       if (x->op == OP_CVT && g->ins[r].op == OP_CVT)
         rs[1] = g->ins[r].args[0];
       for (int q = 0; q < 2; q++)
-        if (rs[q] != NOREF && in_body(&g->ins[rs[q]]) && !e->stage[rs[q]] && !seen[rs[q]]) {
+        if (rs[q] != NOREF && in_body(&g->ins[rs[q]]) && e->stage[rs[q]] < e->stage[i] && !seen[rs[q]]) {
           seen[rs[q]] = 1;
           e->cross[e->ncross++] = rs[q];
         }
     }
   }
   free(seen);
-  return true;
+  return ns;
+}
+
+/* One iteration k of the pipelined loop: stages hi..lo, stage s on vector
+ * k - s (masked by mask[s] where that vector may be past the chunk's
+ * full vectors). h holds the values stages hand on: h[d * nx + c] (and
+ * hr, their rounded bits) is cross value c of the iteration d back; this
+ * iteration's go to d = 0. */
+static void pipe_iter(E *e, LLVMValueRef *acc, LLVMValueRef k, int lo, int hi, LLVMValueRef *mask,
+                      LLVMValueRef *h, LLVMValueRef *hr) {
+  int nx = e->ncross;
+  for (int s = hi; s >= lo; s--) {
+    forget(e);
+    for (int c = 0; c < nx; c++) {
+      int a = e->stage[e->cross[c]];
+      if (a < s)
+        e->val[e->cross[c]] = h[(s - a) * nx + c], e->rnd[e->cross[c]] = hr[(s - a) * nx + c];
+    }
+    e->j = LLVMBuildMul(e->b, LLVMBuildSub(e->b, k, LLVMConstInt(e->ti64, (unsigned)s, 0), ""),
+                        LLVMConstInt(e->ti64, W, 0), "");
+    e->mask = mask ? mask[s] : NULL;
+    emit_stage(e, acc, s);
+    for (int c = 0; c < nx; c++)
+      if (e->stage[e->cross[c]] == s)
+        h[c] = e->val[e->cross[c]], hr[c] = e->rnd[e->cross[c]];
+  }
+  e->mask = NULL;
+}
+
+/* After an iteration: what was d back is d + 1 back. */
+static void pipe_shift(E *e, int ns, LLVMValueRef *h, LLVMValueRef *hr) {
+  int nx = e->ncross;
+  for (int d = ns - 1; d >= 1; d--) {
+    memcpy(h + d * nx, h + (d - 1) * nx, sizeof(LLVMValueRef) * (size_t)nx);
+    memcpy(hr + d * nx, hr + (d - 1) * nx, sizeof(LLVMValueRef) * (size_t)nx);
+  }
+}
+
+/* mask[s] for iteration k: whether vector k - s is one of the chunk's nvec
+ * full vectors (NULL where it is vector 0, which is). */
+static void pipe_masks(E *e, LLVMValueRef k, LLVMValueRef nvec, int lo, int hi, bool first, LLVMValueRef *mask) {
+  for (int s = lo; s <= hi; s++) {
+    LLVMValueRef v = LLVMBuildSub(e->b, k, LLVMConstInt(e->ti64, (unsigned)s, 0), "");
+    mask[s] = first && LLVMIsConstant(v) && LLVMConstIntGetSExtValue(v) == 0
+                  ? NULL
+                  : broadcast(e, LLVMBuildICmp(e->b, LLVMIntSLT, v, nvec, ""));
+  }
 }
 
 /* A loop over the chunk's full vectors, from the current block; returns
  * the first element it left (a multiple of W), with the accumulators in
- * acc_out, valid in the block it ends in (left unterminated). Pipelined:
- * stage 0 of vector 0; then per iteration stage 1 of vector k-1 and stage
- * 0 of vector k, the values between them carried in phis; then stage 1 of
- * the last vector. */
+ * acc_out, valid in the block it ends in (left unterminated). Pipelined
+ * (e->nstages >= 2): iteration k runs stage s of vector k - s for every s,
+ * the values between stages carried in phis as many iterations as their
+ * stages are apart. Three stages (the bf16 for-loop AdamW's sqrt, and
+ * divide, in stages of their own) against two: 64M params, 2 threads,
+ * 35.7-36.0 -> 33.3-33.6 ms for-loop bits, 31.8-32.4 -> 30.2-30.3 fused;
+ * four were ~2% faster again but compiled the Scout recipe in 51 ms. */
 static LLVMValueRef vec_loop(E *e, LLVMValueRef fn, LLVMValueRef len, bool piped, LLVMValueRef *acc_in,
                              LLVMValueRef *acc_out) {
   LLVMBuilderRef b = e->b;
@@ -1008,85 +1068,92 @@ static LLVMValueRef vec_loop(E *e, LLVMValueRef fn, LLVMValueRef len, bool piped
     memcpy(acc_out, accphi, sizeof(LLVMValueRef) * (size_t)nred);
     return j;
   }
-  int nx = e->ncross;
-  LLVMValueRef *xv = calloc((size_t)(4 * nx + 1), sizeof(LLVMValueRef));
-  ASSERT(xv);
-  LLVMValueRef *xr = xv + nx, *pv = xv + 2 * nx, *pr = xv + 3 * nx;
-  LLVMBasicBlockRef pro = LLVMAppendBasicBlockInContext(c, fn, "pipe.pro");
+  /* Pipelined over ns stages: ns - 1 filling iterations (k = 0..ns-2,
+   * stages k..0), the loop (k = ns-1 while k < nvec: every stage), then
+   * ns - 1 draining iterations (stages ns-1..d+1). A filling or draining
+   * stage whose vector is past the chunk's full vectors runs masked off:
+   * nothing loaded or stored, its reductions' terms the identity. */
+  int ns = e->nstages, nx = e->ncross;
+  LLVMValueRef *h = calloc((size_t)(2 * ns * nx + 1), sizeof(LLVMValueRef)), *hr = h + ns * nx;
+  LLVMValueRef *ph = calloc((size_t)(2 * ns * nx + 1), sizeof(LLVMValueRef)), *phr = ph + ns * nx;
+  ASSERT(h && ph);
+  LLVMValueRef mask[MAX_STAGES];
+  LLVMBasicBlockRef fill = LLVMAppendBasicBlockInContext(c, fn, "pipe.fill");
   LLVMBasicBlockRef cond = LLVMAppendBasicBlockInContext(c, fn, "pipe");
   LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(c, fn, "pipe.body");
-  LLVMBasicBlockRef epi = LLVMAppendBasicBlockInContext(c, fn, "pipe.epi");
+  LLVMBasicBlockRef drain = LLVMAppendBasicBlockInContext(c, fn, "pipe.drain");
   LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(c, fn, "pipe.exit");
   LLVMValueRef nvec = LLVMBuildSDiv(b, len, wv, "nvec");
-  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSGT, nvec, zero, ""), pro, exit);
-  /* prologue: stage 0 of vector 0 */
-  LLVMPositionBuilderAtEnd(b, pro);
-  forget(e);
-  e->j = zero;
+  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSGT, nvec, zero, ""), fill, exit);
+  LLVMPositionBuilderAtEnd(b, fill);
   memcpy(acc, acc_in, sizeof(LLVMValueRef) * (size_t)nred);
-  emit_stage(e, acc, 0);
-  for (int k = 0; k < nx; k++)
-    xv[k] = e->val[e->cross[k]], xr[k] = e->rnd[e->cross[k]];
-  LLVMBasicBlockRef pro_end = LLVMGetInsertBlock(b);
+  for (int k = 0; k < ns - 1; k++) {
+    LLVMValueRef kv = LLVMConstInt(e->ti64, (unsigned)k, 0);
+    pipe_masks(e, kv, nvec, 0, k, true, mask);
+    pipe_iter(e, acc, kv, 0, k, mask, h, hr);
+    pipe_shift(e, ns, h, hr);
+  }
+  LLVMBasicBlockRef fill_end = LLVMGetInsertBlock(b);
   LLVMBuildBr(b, cond);
   /* the loop: k is the vector whose stage 0 is next */
   LLVMPositionBuilderAtEnd(b, cond);
   LLVMValueRef kphi = LLVMBuildPhi(b, e->ti64, "k");
-  for (int k = 0; k < nx; k++) {
-    pv[k] = LLVMBuildPhi(b, LLVMTypeOf(xv[k]), "x");
-    LLVMAddIncoming(pv[k], &xv[k], &pro_end, 1);
-    pr[k] = xr[k] ? LLVMBuildPhi(b, LLVMTypeOf(xr[k]), "xr") : NULL;
-    if (xr[k])
-      LLVMAddIncoming(pr[k], &xr[k], &pro_end, 1);
+  for (int q = nx; q < ns * nx; q++) { /* d >= 1 */
+    for (int w = 0; w < 2; w++) {
+      LLVMValueRef *src = w ? hr : h, *dst = w ? phr : ph;
+      if (!src[q])
+        continue;
+      dst[q] = LLVMBuildPhi(b, LLVMTypeOf(src[q]), "x");
+      LLVMAddIncoming(dst[q], &src[q], &fill_end, 1);
+    }
   }
   for (int r = 0; r < nred; r++) {
     accphi[r] = LLVMBuildPhi(b, vacc, "acc");
-    LLVMAddIncoming(accphi[r], &acc[r], &pro_end, 1);
+    LLVMAddIncoming(accphi[r], &acc[r], &fill_end, 1);
   }
-  LLVMValueRef jprev = LLVMBuildMul(b, LLVMBuildSub(b, kphi, one, ""), wv, "");
-  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, kphi, nvec, ""), body, epi);
+  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, kphi, nvec, ""), body, drain);
   LLVMPositionBuilderAtEnd(b, body);
-  forget(e);
-  for (int k = 0; k < nx; k++)
-    e->val[e->cross[k]] = pv[k], e->rnd[e->cross[k]] = pr[k];
+  memcpy(h, ph, sizeof(LLVMValueRef) * (size_t)(2 * ns * nx));
   memcpy(acc, accphi, sizeof(LLVMValueRef) * (size_t)nred);
-  e->j = jprev;
-  emit_stage(e, acc, 1);
-  forget(e);
-  e->j = LLVMBuildMul(b, kphi, wv, "");
-  emit_stage(e, acc, 0);
+  pipe_iter(e, acc, kphi, 0, ns - 1, NULL, h, hr);
+  pipe_shift(e, ns, h, hr);
   LLVMBasicBlockRef body_end = LLVMGetInsertBlock(b);
   LLVMValueRef knext = LLVMBuildAdd(b, kphi, one, "");
-  LLVMAddIncoming(kphi, (LLVMValueRef[]){one, knext}, (LLVMBasicBlockRef[]){pro_end, body_end}, 2);
-  for (int k = 0; k < nx; k++) {
-    LLVMValueRef v = e->val[e->cross[k]], r = e->rnd[e->cross[k]];
-    LLVMAddIncoming(pv[k], &v, &body_end, 1);
-    ASSERT(!pr[k] == !r);
-    if (r)
-      LLVMAddIncoming(pr[k], &r, &body_end, 1);
+  LLVMValueRef k0 = LLVMConstInt(e->ti64, (unsigned)(ns - 1), 0);
+  LLVMAddIncoming(kphi, (LLVMValueRef[]){k0, knext}, (LLVMBasicBlockRef[]){fill_end, body_end}, 2);
+  for (int q = nx; q < 2 * ns * nx; q++) {
+    if (q >= ns * nx && q < ns * nx + nx)
+      continue; /* hr's d = 0 */
+    if (ph[q]) {
+      ASSERT(h[q]);
+      LLVMAddIncoming(ph[q], &h[q], &body_end, 1);
+    }
   }
   for (int r = 0; r < nred; r++)
     LLVMAddIncoming(accphi[r], &acc[r], &body_end, 1);
   LLVMBuildBr(b, cond);
-  /* epilogue: stage 1 of the last vector */
-  LLVMPositionBuilderAtEnd(b, epi);
-  forget(e);
-  for (int k = 0; k < nx; k++)
-    e->val[e->cross[k]] = pv[k], e->rnd[e->cross[k]] = pr[k];
+  /* draining: the last vectors' later stages */
+  LLVMPositionBuilderAtEnd(b, drain);
+  memcpy(h, ph, sizeof(LLVMValueRef) * (size_t)(2 * ns * nx));
   memcpy(acc, accphi, sizeof(LLVMValueRef) * (size_t)nred);
-  e->j = jprev;
-  emit_stage(e, acc, 1);
+  for (int d = 0; d < ns - 1; d++) {
+    LLVMValueRef kv = LLVMBuildAdd(b, kphi, LLVMConstInt(e->ti64, (unsigned)d, 0), "");
+    pipe_masks(e, kv, nvec, d + 1, ns - 1, false, mask);
+    pipe_iter(e, acc, kv, d + 1, ns - 1, mask, h, hr);
+    pipe_shift(e, ns, h, hr);
+  }
   LLVMValueRef jend = LLVMBuildMul(b, nvec, wv, "");
-  LLVMBasicBlockRef epi_end = LLVMGetInsertBlock(b);
+  LLVMBasicBlockRef drain_end = LLVMGetInsertBlock(b);
   LLVMBuildBr(b, exit);
   LLVMPositionBuilderAtEnd(b, exit);
   LLVMValueRef j = LLVMBuildPhi(b, e->ti64, "j");
-  LLVMAddIncoming(j, (LLVMValueRef[]){zero, jend}, (LLVMBasicBlockRef[]){pre, epi_end}, 2);
+  LLVMAddIncoming(j, (LLVMValueRef[]){zero, jend}, (LLVMBasicBlockRef[]){pre, drain_end}, 2);
   for (int r = 0; r < nred; r++) {
     acc_out[r] = LLVMBuildPhi(b, vacc, "acc");
-    LLVMAddIncoming(acc_out[r], (LLVMValueRef[]){acc_in[r], acc[r]}, (LLVMBasicBlockRef[]){pre, epi_end}, 2);
+    LLVMAddIncoming(acc_out[r], (LLVMValueRef[]){acc_in[r], acc[r]}, (LLVMBasicBlockRef[]){pre, drain_end}, 2);
   }
-  free(xv);
+  free(h);
+  free(ph);
   return j;
 }
 
@@ -1362,7 +1429,8 @@ static void emit_phase(E *e, int k) {
   for (int r = 0; r < nred; r++)
     acc0[r] = fconst(vacc, red_is_max((RedKind)g->ins[ph->reds[r]].red) ? -1.0 / 0.0 : 0.0);
   LLVMPositionBuilderAtEnd(b, vec_cond);
-  bool piped = stages(e);
+  e->nstages = stages(e);
+  bool piped = e->nstages >= 2;
   LLVMValueRef jv, jg = NULL, jr = NULL;
   LLVMValueRef acc_r[16];
   LLVMBasicBlockRef from_v, from_g = NULL, from_r = NULL;

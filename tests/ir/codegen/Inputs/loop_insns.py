@@ -69,10 +69,27 @@ def loops(lines):
         if best:
             insns, divs = best[1], best[3]
             lanes = 16 if any("%zmm" in x for x in insns) else 8
-            index = {m for x in insns for m in re.findall(r"\(%\w*,(%\w+),\d\)", x)}
-            steps = [int(m.group(2)) for x in insns
+            # the index register's step: in elements where the operand
+            # scales it by the element's size; in bytes where it does not,
+            # divided by the bytes a lane of a vector access takes (the
+            # register's width over the lanes, half that for a widening
+            # vpmovzxwd; the least over its accesses, as AVX2 stores 16
+            # bf16 from one ymm)
+            per = {}
+            for x in insns:
+                for m in re.finditer(r"\(%\w*,(%\w+)(,\d)?\)", x):
+                    if m.group(2):
+                        per[m.group(1)] = 1
+                    else:
+                        reg = re.search(r"%([xyz])mm\d+", x)
+                        if reg:
+                            width = {"x": 16, "y": 32, "z": 64}[reg.group(1)]
+                            if "vpmovzxwd" in x:
+                                width //= 2
+                            per[m.group(1)] = min(per.get(m.group(1), width), width // lanes)
+            steps = [int(m.group(2)) // per[m.group(3)] for x in insns
                      for m in [re.match(r"^\s+add[ql]\s+\$(-?)(\d+),\s+(%\w+)$", x)]
-                     if m and not m.group(1) and m.group(3) in index]
+                     if m and not m.group(1) and m.group(3) in per]
             prefetches = sum(x.lstrip().startswith("prefetch") for x in insns)
             yield fn, best[0], len(insns), prefetches, lanes, steps[0] if len(steps) == 1 else lanes, divs
 
