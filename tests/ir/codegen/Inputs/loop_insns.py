@@ -9,7 +9,9 @@ included. For each function (optc_phaseN) it prints, of the innermost loops
 full-vector loop does; the masked tail, whose block layout can look like a
 loop, does not) and have at least half the most vector (zmm/ymm)
 instructions, the one with the fewest divider
-ops (vdivps, vsqrtps), then the most vector instructions. Where optc emits
+ops (vdivps, vsqrtps), then the fewest vector instructions (a fused body's
+loop for chunks in none of torch's remainders, beside the one that tests
+each element's place). Where optc emits
 a loop twice, one multiplying by a reciprocal where a per-call check says
 that rounds as the divide (all but rare steps) and one dividing (not
 pipelined, so larger), the first is what runs. It prints the body's
@@ -65,7 +67,7 @@ def loops(lines):
         inner = pf or inner
         top = max((x[2] for x in inner), default=0)
         hot = [x for x in inner if x[2] >= 0.5 * top]
-        best = min(hot, key=lambda x: (x[3], -x[2])) if hot else None
+        best = min(hot, key=lambda x: (x[3], x[2])) if hot else None
         if best:
             insns, divs = best[1], best[3]
             lanes = 16 if any("%zmm" in x for x in insns) else 8
