@@ -156,19 +156,21 @@ static LLVMValueRef bf16_to_f32(E *e, LLVMValueRef h) {
  * the low 16 rounded off to nearest even (u + 0x7fff + lsb, then the low
  * half cleared). A NaN whose low 16 payload bits are zero comes out as
  * itself; any other NaN may not (a signaling one can become infinity, one
- * with a full payload carries into the sign). */
-static LLVMValueRef bf16_round_bits(E *e, LLVMValueRef u) {
+ * with a full payload carries into the sign). bf16_round_sum is the sum
+ * before the low half is cleared: its high half is the same. */
+static LLVMValueRef bf16_round_sum(E *e, LLVMValueRef u) {
   LLVMBuilderRef b = e->b;
-  LLVMValueRef r;
   if (e->avx512) {
     /* the bias as a choice of two constants: vptestmd and a masked move */
     LLVMValueRef odd = LLVMBuildICmp(b, LLVMIntNE, LLVMBuildAnd(b, u, ci32(e, 0x10000), ""), ci32(e, 0), "");
-    r = LLVMBuildAdd(b, u, LLVMBuildSelect(b, odd, ci32(e, 0x8000), ci32(e, 0x7fff), ""), "");
-  } else {
-    LLVMValueRef lsb = LLVMBuildAnd(b, LLVMBuildLShr(b, u, ci32(e, 16), ""), ci32(e, 1), "");
-    r = LLVMBuildAdd(b, LLVMBuildAdd(b, u, ci32(e, 0x7fff), ""), lsb, "");
+    return LLVMBuildAdd(b, u, LLVMBuildSelect(b, odd, ci32(e, 0x8000), ci32(e, 0x7fff), ""), "");
   }
-  return LLVMBuildAnd(b, r, ci32(e, 0xffff0000u), "");
+  LLVMValueRef lsb = LLVMBuildAnd(b, LLVMBuildLShr(b, u, ci32(e, 16), ""), ci32(e, 1), "");
+  return LLVMBuildAdd(b, LLVMBuildAdd(b, u, ci32(e, 0x7fff), ""), lsb, "");
+}
+
+static LLVMValueRef bf16_round_bits(E *e, LLVMValueRef u) {
+  return LLVMBuildAnd(e->b, bf16_round_sum(e, u), ci32(e, 0xffff0000u), "");
 }
 
 /* optc_f32_to_bf16 in the f32 bits: the rounded bits, or the quiet NaN
@@ -601,21 +603,27 @@ static LLVMValueRef emit_round_bf16(E *e, Ref i, LLVMValueRef v, Type from) {
       (!in_body(&g->ins[y->args[0]]) || (e->fl[y->args[0]] & FL_CANON)))
     return operand_of(e, i, y->args[0]);
   LLVMValueRef f = from == TY_F64 ? LLVMBuildFPTrunc(b, v, vtype(e, TY_F32), "") : v;
-  LLVMValueRef fast = bf16_round_bits(e, LLVMBuildBitCast(b, f, vec(e->ti32, W), ""));
+  LLVMValueRef sum = bf16_round_sum(e, LLVMBuildBitCast(b, f, vec(e->ti32, W), ""));
+  LLVMValueRef fast = LLVMBuildAnd(b, sum, ci32(e, 0xffff0000u), "");
+  /* An FL_FAST hold's f32 is fast; what is packed (its high halves) may
+   * then come from the sum, one op fewer where nothing else uses fast
+   * (vpermw is opaque to the optimizer: it would keep the and) */
+  LLVMValueRef low = (e->fl[i] & FL_FAST) ? sum : fast;
   Ref a = g->ins[i].args[0];
   LLVMValueRef exact;
   if (in_body(&g->ins[a]) ? (e->fl[a] & FL_P) : (e->fl[i] & FL_CLEAN)) {
-    /* a NaN came through as itself: quiet it and clear its payload */
+    /* a NaN came through as itself: quiet it and clear its payload (its
+     * low 16 bits are zero: the sum did not carry into its high half) */
     LLVMValueRef q;
-    if (e->avx512) { /* (fast & c1) | c2 in one vpternlogd, masked by the NaN test */
-      LLVMValueRef args[4] = {fast, ci32(e, 0xffc0ffffu), ci32(e, 0x00400000), LLVMConstInt(e->ti32, 0xea, 0)};
+    if (e->avx512) { /* (low & c1) | c2 in one vpternlogd, masked by the NaN test */
+      LLVMValueRef args[4] = {low, ci32(e, 0xffc0ffffu), ci32(e, 0x00400000), LLVMConstInt(e->ti32, 0xea, 0)};
       q = call_intrinsic(e, "llvm.x86.avx512.pternlog.d.512", NULL, 0, args, 4);
     } else {
-      q = LLVMBuildOr(b, LLVMBuildAnd(b, fast, ci32(e, 0xffc0ffffu), ""), ci32(e, 0x00400000), "");
+      q = LLVMBuildOr(b, LLVMBuildAnd(b, low, ci32(e, 0xffc0ffffu), ""), ci32(e, 0x00400000), "");
     }
-    exact = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealUNO, f, f, ""), q, fast, "");
+    exact = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealUNO, f, f, ""), q, low, "");
   } else {
-    exact = bf16_round_exact(e, f, fast);
+    exact = bf16_round_exact(e, f, low);
   }
   e->rnd[i] = (e->fl[i] & FL_FAST) ? fast : exact;
   return bf16_pack(e, exact);

@@ -18,7 +18,8 @@
  *   step's divisor says that rounds the same (emit_llvm.c, recip_div): over
  *   every bf16 bit pattern of exp_avg_sq, at steps where the check passes
  *   and steps where it fails, with both of torch's sqrts, on this CPU's code
- *   and haswell's, the kernel gives the interpreter's bytes. */
+ *   and haswell's, the kernel gives the interpreter's bytes; and fused=True's
+ *   body on the same data (its stores of every NaN and Inf). */
 #include "testlib.h"
 
 #include <math.h>
@@ -278,13 +279,16 @@ static void test_recip(void) {
   } steps[] = {{0.999, 1}, {0.999, 2}, {0.999, 2934}, {0.999, 4923}, {0.9999, 775}, {0.9999, 2402}, {0.95, 7}};
   enum { N = 65536 + 37 }; /* every bf16 bit pattern, and a tail */
   int by_kind[2] = {0, 0};
-  for (int ci = 0; ci < 2; ci++) {
+  for (int ci = 0; ci < 4; ci++) {
+    /* and fused=True's body on the same data: every NaN and Inf of the
+     * states through its stores */
+    bool fused = ci >= 2;
     Arena *arena = arena_new();
     char yaml[256];
     snprintf(yaml, sizeof yaml,
-             "optimizer:\n  _component_: torch.optim.AdamW\n  lr: 0.01\n  weight_decay: 0.1\n"
+             "optimizer:\n  _component_: torch.optim.AdamW\n  lr: 0.01\n  weight_decay: 0.1\n  fused: %s\n"
              "dtype: bf16\ntorch_cpu: %s\nnonfinite_grads: propagate\n",
-             cpus[ci]);
+             fused ? "True" : "False", cpus[ci % 2]);
     Graph *g = build_recipe(yaml, arena);
     ASSERT(g && pipeline_run(g, &(PipelineOptions){0}));
     CpuProgram *progs[2] = {cpu_compile(g, &(CpuTarget){.no_cache = true}, NULL),
@@ -314,7 +318,7 @@ static void test_recip(void) {
       vals[sref] = steps[si].step;
       vals[bref] = steps[si].beta2;
       bool mul = recip_rounds_same((float)sqrt(1.0 - pow(steps[si].beta2, steps[si].step)));
-      by_kind[mul]++;
+      by_kind[mul] += !fused;
       for (int k = 0; k < 3; k++)
         for (int b = 0; b < g->nbufs; b++)
           memcpy(bufs[k][b], init[b], (size_t)l.total * (size_t)type_size(g->bufs[b].type));
@@ -324,16 +328,17 @@ static void test_recip(void) {
       for (int k = 0; k < 2; k++) {
         cpu_step(progs[k], pool, g, &l, bufs[k + 1], &args, &r);
         char what[128];
-        snprintf(what, sizeof what, "recip: torch_cpu %s, beta2 %g, step %d (%s), %s code", cpus[ci],
-                 steps[si].beta2, steps[si].step, mul ? "multiplies" : "divides", k ? "haswell" : "this CPU's");
+        snprintf(what, sizeof what, "recip: %s, torch_cpu %s, beta2 %g, step %d (%s), %s code",
+                 fused ? "fused" : "for-loop", cpus[ci % 2], steps[si].beta2, steps[si].step,
+                 fused ? "divides" : mul ? "multiplies" : "divides", k ? "haswell" : "this CPU's");
         bool same = same_bytes(g, l.total, bufs[0], bufs[k + 1], what);
         CHECK(same, "%s: the kernel differs from the interpreter", what);
         ok &= same;
       }
       free(vals);
     }
-    printf("recip: torch_cpu %s, %zu steps over every bf16 exp_avg_sq: %s\n", cpus[ci], ARRAY_LEN(steps),
-           ok ? "identical" : "DIFFERENT");
+    printf("recip: %s, torch_cpu %s, %zu steps over every bf16 exp_avg_sq: %s\n", fused ? "fused" : "for-loop",
+           cpus[ci % 2], ARRAY_LEN(steps), ok ? "identical" : "DIFFERENT");
     for (int b = 0; b < g->nbufs; b++) {
       free(init[b]);
       for (int k = 0; k < 3; k++)
