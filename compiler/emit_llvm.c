@@ -1024,10 +1024,10 @@ static void pipe_shift(E *e, int ns, LLVMValueRef *h, LLVMValueRef *hr) {
 
 /* mask[s] for iteration k: whether vector k - s is one of the chunk's nvec
  * full vectors (NULL where it is vector 0, which is). */
-static void pipe_masks(E *e, LLVMValueRef k, LLVMValueRef nvec, int lo, int hi, bool first, LLVMValueRef *mask) {
+static void pipe_masks(E *e, LLVMValueRef k, LLVMValueRef nvec, int lo, int hi, LLVMValueRef *mask) {
   for (int s = lo; s <= hi; s++) {
     LLVMValueRef v = LLVMBuildSub(e->b, k, LLVMConstInt(e->ti64, (unsigned)s, 0), "");
-    mask[s] = first && LLVMIsConstant(v) && LLVMConstIntGetSExtValue(v) == 0
+    mask[s] = LLVMIsConstant(v) && LLVMConstIntGetSExtValue(v) == 0
                   ? NULL
                   : broadcast(e, LLVMBuildICmp(e->b, LLVMIntSLT, v, nvec, ""));
   }
@@ -1097,7 +1097,7 @@ static LLVMValueRef vec_loop(E *e, LLVMValueRef fn, LLVMValueRef len, bool piped
   memcpy(acc, acc_in, sizeof(LLVMValueRef) * (size_t)nred);
   for (int k = 0; k < ns - 1; k++) {
     LLVMValueRef kv = LLVMConstInt(e->ti64, (unsigned)k, 0);
-    pipe_masks(e, kv, nvec, 0, k, true, mask);
+    pipe_masks(e, kv, nvec, 0, k, mask);
     pipe_iter(e, acc, kv, 0, k, mask, h, hr);
     pipe_shift(e, ns, h, hr);
   }
@@ -1146,7 +1146,7 @@ static LLVMValueRef vec_loop(E *e, LLVMValueRef fn, LLVMValueRef len, bool piped
   memcpy(acc, accphi, sizeof(LLVMValueRef) * (size_t)nred);
   for (int d = 0; d < ns - 1; d++) {
     LLVMValueRef kv = LLVMBuildAdd(b, kphi, LLVMConstInt(e->ti64, (unsigned)d, 0), "");
-    pipe_masks(e, kv, nvec, d + 1, ns - 1, false, mask);
+    pipe_masks(e, kv, nvec, d + 1, ns - 1, mask);
     pipe_iter(e, acc, kv, d + 1, ns - 1, mask, h, hr);
     pipe_shift(e, ns, h, hr);
   }
