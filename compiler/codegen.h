@@ -26,6 +26,11 @@ typedef struct {
 
 typedef struct CpuProgram CpuProgram;
 
+/* A call (a thread's share of a phase) of at least this many elements
+ * computes a bf16 value that is a function of one bf16 alone once for each
+ * of its 65536 bit patterns, and looks it up (emit_llvm.c, tab_find). */
+enum { CPU_TABLE_MIN = 1 << 18 };
+
 bool cpu_backend_available(void);
 /* Compiles every phase of a planned graph into one object, JIT-linked.
  * NULL (error printed) on failure. */

@@ -50,6 +50,11 @@ typedef struct {
   LLVMValueRef *rsplat;  /* (nins) ... its splat, per chunk */
   LLVMValueRef recip_ok; /* NULL, or whether every such multiply rounds as its div this call */
   bool by_recip;         /* the loop being emitted multiplies where recip is set */
+  Ref tab_u, tab_o;      /* a 16-bit value and a bf16 hold that is a function of it alone (tab_find), or NOREF */
+  uint8_t *intab;        /* (nins) 1: what lies between them, computed only in the build; 2: tab_u as f32 */
+  LLVMValueRef tab;      /* the table: 65536 f32 bits, tab_o's rounding for each bit pattern of tab_u */
+  LLVMValueRef tab_ok;   /* NULL, or whether this call built it (it is large enough) */
+  bool by_tab;           /* the loop being emitted looks tab_o up */
   uint8_t *fl;           /* (nins) FL_* of the phase being emitted */
   uint8_t *stage;        /* (nins) its stage in the pipelined loop: divides and square roots before it (stages) */
   Ref *cross;            /* (nins) the values a stage reads of an earlier one */
@@ -886,6 +891,185 @@ static void analyze(E *e) {
   }
 }
 
+/* ---- a function of one bf16, as a table ------------------------------------------------- */
+
+/* In torch's for-loop AdamW on bf16 tensors, every op rounds to bf16, so
+ * denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps) is a
+ * function of exp_avg_sq's 16 bits and two step values: 65536 results, a
+ * square root, a divide, an add and three roundings each. tab_find finds
+ * such a value: a bf16 hold (tab_o) computed from one 16-bit value (tab_u)
+ * and step values alone, with a divide or square root on the way and
+ * nothing between the two used elsewhere. The call then computes it once
+ * for every bit pattern of tab_u, with the very code the loop would run,
+ * into a table on its stack (tab_build), and the loop gathers it: a shift
+ * and a vpgatherdd where that was ~20 vector ops and two divider ops. */
+enum { TAB_MIN = 1 << 18 };
+
+static void forget(E *e); /* the elements a call must have for the table to pay */
+
+static bool tabulable(const Ins *x) {
+  switch (x->op) {
+  case OP_LOAD: case OP_STORE: case OP_REDUCE: case OP_CVT_SR: case OP_TAILPOS: case OP_LERP: return false;
+  default: return in_body(x);
+  }
+}
+
+static void tab_find(E *e) {
+  const Graph *g = e->g;
+  const PlanPhase *ph = e->ph;
+  e->tab_u = e->tab_o = NOREF;
+  memset(e->intab, 0, (size_t)g->nins);
+  /* AVX-512 only: where AVX2's gathers are slow (Haswell, Zen 3) LLVM
+   * makes scalar loads of them, and no AVX2 machine here measures it */
+  if (!e->avx512)
+    return;
+  uint8_t *cone = calloc((size_t)g->nins + 1, 2), *anc = cone + g->nins;
+  ASSERT(cone);
+  int best = 0;
+  for (Ref u = ph->lo; u < ph->hi; u++) {
+    if (!in_body(&g->ins[u]) || g->ins[u].type != TY_BF16)
+      continue;
+    /* what is computed from u and step values alone */
+    memset(cone, 0, (size_t)g->nins);
+    for (Ref i = u + 1; i < ph->hi; i++) {
+      const Ins *x = &g->ins[i];
+      if (!tabulable(x))
+        continue;
+      if (x->op == OP_CVT && x->type == TY_F32 && x->args[0] == u) {
+        cone[i] = 2; /* u as f32: its bits, free in the loop */
+        continue;
+      }
+      bool any = false, ok = true;
+      for (int k = 0; k < op_info[x->op].nargs; k++) {
+        const Ins *y = &g->ins[x->args[k]];
+        if (x->args[k] == u || cone[x->args[k]])
+          any = true;
+        else if (y->scope != SCOPE_STEP && y->op != OP_CONST)
+          ok = false;
+      }
+      cone[i] = ok && any;
+    }
+    for (Ref o = u + 1; o < ph->hi; o++) {
+      const Ins *x = &g->ins[o];
+      if (!cone[o] || x->op != OP_CVT || x->type != TY_BF16)
+        continue;
+      /* o's own part of the cone: used only within it, and worth a table */
+      memset(anc, 0, (size_t)g->nins);
+      anc[o] = 1;
+      int cost = 0;
+      for (Ref i = o; i > u; i--) {
+        if (!anc[i])
+          continue;
+        Op op = (Op)g->ins[i].op;
+        cost += op == OP_DIV || op == OP_SQRT || op == OP_SQRT_MKL || op == OP_RSQRT ? 16 : 1;
+        for (int k = 0; k < op_info[op].nargs; k++)
+          if (cone[g->ins[i].args[k]] == 1)
+            anc[g->ins[i].args[k]] = 1;
+      }
+      bool closed = cost >= 16;
+      for (Ref j = ph->lo; closed && j < ph->hi; j++) {
+        const Ins *y = &g->ins[j];
+        for (int k = 0; k < op_info[y->op].nargs; k++) {
+          Ref r = y->args[k];
+          if (r == o ? y->op != OP_CVT || y->type != TY_F32 : anc[r] && !anc[j])
+            closed = false;
+        }
+      }
+      if (closed && cost > best) {
+        best = cost;
+        e->tab_u = u, e->tab_o = o;
+        for (Ref i = u + 1; i < o; i++)
+          e->intab[i] = cone[i] == 2 ? 2 : anc[i];
+      }
+    }
+  }
+  free(cone);
+}
+
+/* Once per call, in the entry block: whether the call's chunks hold
+ * CPU_TABLE_MIN elements, and if so the table (4096 vectors of the cone). */
+static void tab_build(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef nchunks) {
+  const Graph *g = e->g;
+  LLVMBuilderRef b = e->b;
+  LLVMContextRef c = e->c;
+  LLVMTypeRef tt = LLVMArrayType2(e->ti32, 65536);
+  e->tab = LLVMBuildAlloca(b, tt, "tab");
+  LLVMSetAlignment(e->tab, 64);
+  /* the call's elements: the sum of its chunks' lengths */
+  LLVMTypeRef chunk_t =
+      LLVMStructTypeInContext(c, (LLVMTypeRef[]){e->ti32, e->ti32, e->ti64, e->ti64, e->ti64, e->ti64}, 6, 0);
+  LLVMBasicBlockRef pre = LLVMGetInsertBlock(b);
+  LLVMBasicBlockRef sum = LLVMAppendBasicBlockInContext(c, fn, "tab.count");
+  LLVMBasicBlockRef sum_body = LLVMAppendBasicBlockInContext(c, fn, "tab.count.body");
+  LLVMBasicBlockRef build = LLVMAppendBasicBlockInContext(c, fn, "tab.build");
+  LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(c, fn, "tab.done");
+  LLVMValueRef zero = LLVMConstInt(e->ti64, 0, 0), one = LLVMConstInt(e->ti64, 1, 0);
+  LLVMBuildBr(b, sum);
+  LLVMPositionBuilderAtEnd(b, sum);
+  LLVMValueRef ci = LLVMBuildPhi(b, e->ti64, "c"), tot = LLVMBuildPhi(b, e->ti64, "n");
+  LLVMValueRef big = LLVMBuildICmp(b, LLVMIntSGE, tot, LLVMConstInt(e->ti64, CPU_TABLE_MIN, 0), "");
+  LLVMValueRef more = LLVMBuildICmp(b, LLVMIntSLT, ci, nchunks, "");
+  LLVMBasicBlockRef count_exit = LLVMAppendBasicBlockInContext(c, fn, "tab.count.exit");
+  LLVMBuildCondBr(b, LLVMBuildAnd(b, more, LLVMBuildNot(b, big, ""), ""), sum_body, count_exit);
+  LLVMPositionBuilderAtEnd(b, sum_body);
+  LLVMValueRef chp = LLVMBuildGEP2(b, chunk_t, chunks, &ci, 1, "");
+  LLVMValueRef len = LLVMBuildLoad2(b, e->ti64, LLVMBuildStructGEP2(b, chunk_t, chp, 3, ""), "len");
+  LLVMValueRef cnext = LLVMBuildAdd(b, ci, one, ""), tnext = LLVMBuildAdd(b, tot, len, "");
+  LLVMBuildBr(b, sum);
+  LLVMAddIncoming(ci, (LLVMValueRef[]){zero, cnext}, (LLVMBasicBlockRef[]){pre, sum_body}, 2);
+  LLVMAddIncoming(tot, (LLVMValueRef[]){zero, tnext}, (LLVMBasicBlockRef[]){pre, sum_body}, 2);
+  LLVMPositionBuilderAtEnd(b, count_exit);
+  e->tab_ok = big;
+  LLVMBuildCondBr(b, big, build, done);
+  /* the build: vector k holds the patterns 16k .. 16k + 15 */
+  LLVMPositionBuilderAtEnd(b, build);
+  LLVMValueRef k = LLVMBuildPhi(b, e->ti64, "k");
+  for (int r = 0; r < g->nins; r++) {
+    if (e->scalar[r])
+      e->splat[r] = broadcast(e, e->scalar[r]);
+    if (e->cscalar[r])
+      e->csplat[r] = broadcast(e, e->cscalar[r]);
+  }
+  LLVMValueRef lanes[W];
+  for (int l = 0; l < W; l++)
+    lanes[l] = LLVMConstInt(e->ti32, (unsigned)l, 0);
+  LLVMValueRef pat = LLVMBuildAdd(b, broadcast(e, LLVMBuildTrunc(b, LLVMBuildMul(b, k, LLVMConstInt(e->ti64, W, 0), ""), e->ti32, "")),
+                                  LLVMConstVector(lanes, W), "");
+  forget(e);
+  e->mask = NULL;
+  e->by_recip = false;
+  e->val[e->tab_u] = LLVMBuildTrunc(b, pat, vtype(e, TY_BF16), "");
+  e->rnd[e->tab_u] = LLVMBuildShl(b, pat, ci32(e, 16), "");
+  for (Ref i = e->tab_u + 1; i <= e->tab_o; i++)
+    if (e->intab[i] || i == e->tab_o)
+      e->val[i] = emit_ins(e, i);
+  LLVMValueRef at = LLVMBuildMul(b, k, LLVMConstInt(e->ti64, W, 0), "");
+  LLVMValueRef st = LLVMBuildStore(b, e->rnd[e->tab_o], LLVMBuildGEP2(b, e->ti32, e->tab, &at, 1, ""));
+  LLVMSetAlignment(st, 64);
+  LLVMValueRef knext = LLVMBuildAdd(b, k, one, "");
+  LLVMAddIncoming(k, (LLVMValueRef[]){zero, knext}, (LLVMBasicBlockRef[]){count_exit, build}, 2);
+  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, knext, LLVMConstInt(e->ti64, 65536 / W, 0), ""), build, done);
+  LLVMPositionBuilderAtEnd(b, done);
+  forget(e);
+}
+
+/* tab_o in the loop: its rounded bits from the table, at tab_u's 16 bits. */
+static void tab_gather(E *e) {
+  LLVMBuilderRef b = e->b;
+  Ref u = e->tab_u, o = e->tab_o;
+  LLVMValueRef idx = e->rnd[u] ? LLVMBuildLShr(b, e->rnd[u], ci32(e, 16), "")
+                               : LLVMBuildZExt(b, operand(e, u), vec(e->ti32, W), "");
+  LLVMValueRef ptrs = LLVMBuildGEP2(b, e->ti32, e->tab, &idx, 1, "");
+  LLVMValueRef ones[W];
+  for (int l = 0; l < W; l++)
+    ones[l] = LLVMConstInt(e->ti1, 1, 0);
+  LLVMTypeRef over[2] = {vec(e->ti32, W), LLVMTypeOf(ptrs)};
+  LLVMValueRef args[4] = {ptrs, LLVMConstInt(e->ti32, 4, 0), LLVMConstVector(ones, W), LLVMGetUndef(vec(e->ti32, W))};
+  LLVMValueRef bits = call_intrinsic(e, "llvm.masked.gather", over, 2, args, 4);
+  e->rnd[o] = bits;
+  e->val[o] = LLVMBuildTrunc(b, LLVMBuildLShr(b, bits, ci32(e, 16), ""), vtype(e, TY_BF16), "");
+}
+
 /* The loop body: W elements from j (masked in the tail). Loads come first,
  * so a load never sees a store of this step. Returns the new accumulators. */
 /* The instructions of one stage (0, 1, or -1 for all) for the vector at
@@ -910,6 +1094,10 @@ static void emit_stage(E *e, LLVMValueRef *acc, int stage) {
       continue;
     } else if (x->op == OP_STORE) {
       store_vec(e, x->buf, operand(e, x->args[0]));
+    } else if (e->by_tab && e->intab[i] == 1) {
+      continue;
+    } else if (e->by_tab && i == e->tab_o) {
+      tab_gather(e);
     } else if (x->op != OP_LOAD && x->scope != SCOPE_STEP) {
       e->val[i] = emit_ins(e, i);
     }
@@ -949,11 +1137,17 @@ static int stages(E *e) {
     if (!in_body(x))
       continue;
     int d = 0;
-    for (int k = 0; k < op_info[x->op].nargs; k++)
-      if (in_body(&g->ins[x->args[k]]))
-        d = MAX(d, e->stage[x->args[k]]);
-    if (x->op == OP_DIV || x->op == OP_SQRT || x->op == OP_RSQRT || x->op == OP_SQRT_MKL)
-      d = MIN(d + 1, most - 1);
+    if (e->by_tab && e->intab[i] == 1)
+      continue;
+    if (e->by_tab && i == e->tab_o) { /* a gather: a load's latency, from L2 */
+      d = MIN(e->stage[e->tab_u] + 1, most - 1);
+    } else {
+      for (int k = 0; k < op_info[x->op].nargs; k++)
+        if (in_body(&g->ins[x->args[k]]))
+          d = MAX(d, e->stage[x->args[k]]);
+      if (x->op == OP_DIV || x->op == OP_SQRT || x->op == OP_RSQRT || x->op == OP_SQRT_MKL)
+        d = MIN(d + 1, most - 1);
+    }
     e->stage[i] = (uint8_t)d;
     if (x->op != OP_LOAD)
       n[d]++;
@@ -969,12 +1163,13 @@ static int stages(E *e) {
   ASSERT(seen);
   for (Ref i = ph->lo; i < ph->hi; i++) {
     const Ins *x = &g->ins[i];
-    if (!in_body(x) || !e->stage[i])
+    if (!in_body(x) || !e->stage[i] || (e->by_tab && e->intab[i] == 1))
       continue;
-    for (int k = 0; k < op_info[x->op].nargs; k++) {
-      Ref r = x->args[k];
+    bool gather = e->by_tab && i == e->tab_o;
+    for (int k = 0; k < (gather ? 1 : op_info[x->op].nargs); k++) {
+      Ref r = gather ? e->tab_u : x->args[k];
       Ref rs[2] = {r, NOREF};
-      if (x->op == OP_CVT && g->ins[r].op == OP_CVT)
+      if (!gather && x->op == OP_CVT && g->ins[r].op == OP_CVT)
         rs[1] = g->ins[r].args[0];
       for (int q = 0; q < 2; q++)
         if (rs[q] != NOREF && in_body(&g->ins[rs[q]]) && e->stage[rs[q]] < e->stage[i] && !seen[rs[q]]) {
@@ -1350,6 +1545,7 @@ static void emit_phase(E *e, int k) {
     }
   }
   analyze(e);
+  tab_find(e);
   if (e->avx512bw)
     load_perms(e);
   memset(e->cscalar, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
@@ -1358,13 +1554,17 @@ static void emit_phase(E *e, int k) {
       e->cscalar[r] = canonical_nan(e, e->scalar[r]);
   memset(e->recip, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
   e->recip_ok = NULL;
-  for (Ref i = ph->lo; i < ph->hi; i++)
+  for (Ref i = ph->lo; i < ph->hi && e->tab_o == NOREF; i++)
     if (recip_div(g, i)) {
       LLVMValueRef cv = e->scalar[g->ins[i].args[1]];
       e->recip[i] = LLVMBuildFDiv(b, LLVMConstReal(e->tf32, 1.0), cv, "recip");
       LLVMValueRef ok = recip_check(e, cv, e->recip[i]);
       e->recip_ok = e->recip_ok ? LLVMBuildAnd(b, e->recip_ok, ok, "") : ok;
     }
+  e->tab_ok = NULL;
+  if (e->tab_o != NOREF)
+    tab_build(e, fn, chunks, nchunks);
+  LLVMBasicBlockRef entry_end = LLVMGetInsertBlock(b);
   LLVMBuildBr(b, chunk_cond);
 
   /* for each chunk */
@@ -1439,9 +1639,9 @@ static void emit_phase(E *e, int k) {
   LLVMPositionBuilderAtEnd(b, vec_cond);
   e->nstages = stages(e);
   bool piped = e->nstages >= 2;
-  LLVMValueRef jv, jg = NULL, jr = NULL;
-  LLVMValueRef acc_r[16];
-  LLVMBasicBlockRef from_v, from_g = NULL, from_r = NULL;
+  LLVMValueRef jv, jg = NULL, jr = NULL, jt = NULL;
+  LLVMValueRef acc_r[16], acc_t[16];
+  LLVMBasicBlockRef from_v, from_g = NULL, from_r = NULL, from_t = NULL;
   LLVMValueRef hit = chunk_hit(e, len);
   if (hit) {
     /* A chunk in none of torch's loop remainders (almost every chunk of a
@@ -1456,6 +1656,21 @@ static void emit_phase(E *e, int k) {
     LLVMBuildBr(b, tail_check);
     LLVMPositionBuilderAtEnd(b, plain);
     e->no_tail = true;
+  }
+  if (e->tab_ok) {
+    /* the full vectors with the table, where this call built it */
+    LLVMBasicBlockRef look = LLVMAppendBasicBlockInContext(c, fn, "vec.tab");
+    LLVMBasicBlockRef other = LLVMAppendBasicBlockInContext(c, fn, "vec.notab");
+    LLVMBuildCondBr(b, e->tab_ok, look, other);
+    LLVMPositionBuilderAtEnd(b, look);
+    e->by_tab = true;
+    e->nstages = stages(e);
+    jt = vec_loop(e, fn, len, e->nstages >= 2, acc0, acc_t);
+    e->by_tab = false;
+    e->nstages = stages(e);
+    from_t = LLVMGetInsertBlock(b);
+    LLVMBuildBr(b, tail_check);
+    LLVMPositionBuilderAtEnd(b, other);
   }
   if (e->recip_ok) {
     /* the full vectors with the multiplies, where this call's check passed
@@ -1485,6 +1700,8 @@ static void emit_phase(E *e, int k) {
     LLVMAddIncoming(jphi, &jg, &from_g, 1);
   if (jr)
     LLVMAddIncoming(jphi, &jr, &from_r, 1);
+  if (jt)
+    LLVMAddIncoming(jphi, &jt, &from_t, 1);
   for (int r = 0; r < nred; r++) {
     acc_tc[r] = LLVMBuildPhi(b, vacc, "acc.tail");
     LLVMAddIncoming(acc_tc[r], &acc_v[r], &from_v, 1);
@@ -1492,6 +1709,8 @@ static void emit_phase(E *e, int k) {
       LLVMAddIncoming(acc_tc[r], &acc_g[r], &from_g, 1);
     if (jr)
       LLVMAddIncoming(acc_tc[r], &acc_r[r], &from_r, 1);
+    if (jt)
+      LLVMAddIncoming(acc_tc[r], &acc_t[r], &from_t, 1);
   }
   LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, jphi, len, ""), tail, chunk_end);
   LLVMPositionBuilderAtEnd(b, tail);
@@ -1524,7 +1743,7 @@ static void emit_phase(E *e, int k) {
 
   /* the phis' incoming edges, now that every block exists */
   LLVMValueRef zero = LLVMConstInt(e->ti64, 0, 0);
-  LLVMAddIncoming(ci, (LLVMValueRef[]){zero, cnext}, (LLVMBasicBlockRef[]){entry, chunk_end}, 2);
+  LLVMAddIncoming(ci, (LLVMValueRef[]){zero, cnext}, (LLVMBasicBlockRef[]){entry_end, chunk_end}, 2);
 
   LLVMPositionBuilderAtEnd(b, exit);
   LLVMBuildRetVoid(b);
@@ -1563,9 +1782,10 @@ LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *fea
   e.fl = calloc(n, 1);
   e.stage = calloc(n, 1);
   e.cross = calloc(n, sizeof(Ref));
+  e.intab = calloc(n, 1);
   ASSERT(e.val && e.scalar && e.tscalar && e.splat && e.srkey && e.tail && e.bufptr);
   ASSERT(e.cscalar && e.csplat && e.rnd && e.lerp_w && e.lerp_lo && e.recip && e.rsplat && e.fl && e.stage &&
-         e.cross);
+         e.cross && e.intab);
   for (int k = 0; k < p->nphases; k++) {
     e.ph = &p->phases[k];
     emit_phase(&e, k);
@@ -1587,6 +1807,7 @@ LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *fea
   free(e.fl);
   free(e.stage);
   free(e.cross);
+  free(e.intab);
   LLVMDisposeBuilder(e.b);
   char *msg = NULL;
   if (LLVMVerifyModule(e.m, LLVMReturnStatusAction, &msg)) {

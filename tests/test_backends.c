@@ -19,7 +19,10 @@
  *   every bf16 bit pattern of exp_avg_sq, at steps where the check passes
  *   and steps where it fails, with both of torch's sqrts, on this CPU's code
  *   and haswell's, the kernel gives the interpreter's bytes; and fused=True's
- *   body on the same data (its stores of every NaN and Inf). */
+ *   body on the same data (its stores of every NaN and Inf). Again on 9
+ *   times the patterns at two steps, where each thread's call is large
+ *   enough that on AVX-512 the kernel looks the whole denominator up in a
+ *   table it computes for all 65536 exp_avg_sq (emit_llvm.c, tab_find). */
 #include "testlib.h"
 
 #include <math.h>
@@ -277,12 +280,16 @@ static void test_recip(void) {
     double beta2;
     int step;
   } steps[] = {{0.999, 1}, {0.999, 2}, {0.999, 2934}, {0.999, 4923}, {0.9999, 775}, {0.9999, 2402}, {0.95, 7}};
-  enum { N = 65536 + 37 }; /* every bf16 bit pattern, and a tail */
+  /* every bf16 bit pattern, and a tail; the for-loop's again with each
+   * pattern 9 times, so that each of 2 threads' calls is large enough to
+   * look its denominator up in a table (CPU_TABLE_MIN) */
+  enum { N = 65536 + 37, NT = 9 * 65536 + 37 };
+  _Static_assert(NT / 2 - OPTC_REDUCE_BLOCK >= CPU_TABLE_MIN, "a call too small for the table");
   int by_kind[2] = {0, 0};
-  for (int ci = 0; ci < 4; ci++) {
+  for (int ci = 0; ci < 6; ci++) {
     /* and fused=True's body on the same data: every NaN and Inf of the
      * states through its stores */
-    bool fused = ci >= 2;
+    bool fused = ci == 2 || ci == 3, big = ci >= 4;
     Arena *arena = arena_new();
     char yaml[256];
     snprintf(yaml, sizeof yaml,
@@ -294,7 +301,7 @@ static void test_recip(void) {
     CpuProgram *progs[2] = {cpu_compile(g, &(CpuTarget){.no_cache = true}, NULL),
                             cpu_compile(g, &(CpuTarget){.cpu = "haswell", .no_cache = true}, NULL)};
     ASSERT(progs[0] && progs[1]);
-    int64_t numel = N;
+    int64_t numel = big ? NT : N;
     GroupLayout l;
     layout_init(&l, 1, &numel);
     ThreadPool *pool = pool_create(2);
@@ -314,11 +321,13 @@ static void test_recip(void) {
     ASSERT(sref != NOREF && bref != NOREF);
     bool ok = true;
     for (size_t si = 0; si < ARRAY_LEN(steps); si++) {
+      if (big && si != 0 && si != 2) /* two steps' tables: step 1's and 2934's */
+        continue;
       double *vals = step1_inputs(g, false);
       vals[sref] = steps[si].step;
       vals[bref] = steps[si].beta2;
       bool mul = recip_rounds_same((float)sqrt(1.0 - pow(steps[si].beta2, steps[si].step)));
-      by_kind[mul] += !fused;
+      by_kind[mul] += !fused && !big;
       for (int k = 0; k < 3; k++)
         for (int b = 0; b < g->nbufs; b++)
           memcpy(bufs[k][b], init[b], (size_t)l.total * (size_t)type_size(g->bufs[b].type));
@@ -330,15 +339,16 @@ static void test_recip(void) {
         char what[128];
         snprintf(what, sizeof what, "recip: %s, torch_cpu %s, beta2 %g, step %d (%s), %s code",
                  fused ? "fused" : "for-loop", cpus[ci % 2], steps[si].beta2, steps[si].step,
-                 fused ? "divides" : mul ? "multiplies" : "divides", k ? "haswell" : "this CPU's");
+                 fused ? "divides" : big ? "table" : mul ? "multiplies" : "divides", k ? "haswell" : "this CPU's");
         bool same = same_bytes(g, l.total, bufs[0], bufs[k + 1], what);
         CHECK(same, "%s: the kernel differs from the interpreter", what);
         ok &= same;
       }
       free(vals);
     }
-    printf("recip: %s, torch_cpu %s, %zu steps over every bf16 exp_avg_sq: %s\n", fused ? "fused" : "for-loop",
-           cpus[ci % 2], ARRAY_LEN(steps), ok ? "identical" : "DIFFERENT");
+    printf("recip: %s, torch_cpu %s, %zu steps over every bf16 exp_avg_sq%s: %s\n", fused ? "fused" : "for-loop",
+           cpus[ci % 2], big ? 2 : ARRAY_LEN(steps), big ? " (9 times: the table)" : "",
+           ok ? "identical" : "DIFFERENT");
     for (int b = 0; b < g->nbufs; b++) {
       free(init[b]);
       for (int k = 0; k < 3; k++)

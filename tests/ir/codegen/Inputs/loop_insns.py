@@ -20,9 +20,9 @@ vector width in f32 lanes (16 for zmm, 8 for ymm), the elements one
 iteration covers (the step of the register its loads index by: 16, optc's
 vector, on both targets, so an AVX2 iteration is two ymm wide) and the
 instructions per element, prefetches left out (they use the load ports,
-not the vector ALUs), and its divider ops:
+not the vector ALUs), its divider ops and its gathers:
 
-    optc_phase1: loop .LBB1_11: 124 instructions, 4 prefetches, 16 lanes, 16 elements, 7.50 per element, 3 divider ops
+    optc_phase1: loop .LBB1_11: 124 instructions, 4 prefetches, 16 lanes, 16 elements, 7.50 per element, 3 divider ops, 0 gathers
 
 With --max F, exits 1 when a phase's figure is above F (--phase N: only that
 phase).
@@ -93,7 +93,8 @@ def loops(lines):
                      for m in [re.match(r"^\s+add[ql]\s+\$(-?)(\d+),\s+(%\w+)$", x)]
                      if m and not m.group(1) and m.group(3) in per]
             prefetches = sum(x.lstrip().startswith("prefetch") for x in insns)
-            yield fn, best[0], len(insns), prefetches, lanes, steps[0] if len(steps) == 1 else lanes, divs
+            gathers = sum(bool(re.match(r"^\s+v(p)?gather", x)) for x in insns)
+            yield fn, best[0], len(insns), prefetches, lanes, steps[0] if len(steps) == 1 else lanes, divs, gathers
 
 
 def main():
@@ -103,13 +104,13 @@ def main():
     a = ap.parse_args()
     bad = False
     found = False
-    for fn, label, n, prefetches, lanes, elems, divs in loops(sys.stdin.read().splitlines()):
+    for fn, label, n, prefetches, lanes, elems, divs, gathers in loops(sys.stdin.read().splitlines()):
         if a.phase is not None and fn != f"optc_phase{a.phase}":
             continue
         found = True
         per = (n - prefetches) / elems
         print(f"{fn}: loop {label}: {n} instructions, {prefetches} prefetches, {lanes} lanes, {elems} elements, "
-              f"{per:.2f} per element, {divs} divider ops")
+              f"{per:.2f} per element, {divs} divider ops, {gathers} gathers")
         if a.max is not None and per > a.max:
             print(f"{fn}: {per:.2f} instructions per element is above {a.max}")
             bad = True
