@@ -902,10 +902,17 @@ static void analyze(E *e) {
  * nothing between the two used elsewhere. The call then computes it once
  * for every bit pattern of tab_u, with the very code the loop would run,
  * into a table on its stack (tab_build), and the loop gathers it: a shift
- * and a vpgatherdd where that was ~20 vector ops and two divider ops. */
-enum { TAB_MIN = 1 << 18 };
+ * and a vpgatherdd where that was ~20 vector ops and two divider ops.
+ * Measured (64M params of the Scout's mix, 2 threads): 29.4 -> 25.5 ms a
+ * step. The build, 4096 vectors of the cone, costs about what the table
+ * saves on 128K elements: a call takes it from CPU_TABLE_MIN (codegen.h),
+ * where 512K params on 2 threads were 5% faster. */
+static void forget(E *e);
 
-static void forget(E *e); /* the elements a call must have for the table to pay */
+/* Chunk (plan.h) as LLVM sees it: {tensor, block, start, len, flat, numel}. */
+static LLVMTypeRef chunk_type(E *e) {
+  return LLVMStructTypeInContext(e->c, (LLVMTypeRef[]){e->ti32, e->ti32, e->ti64, e->ti64, e->ti64, e->ti64}, 6, 0);
+}
 
 static bool tabulable(const Ins *x) {
   switch (x->op) {
@@ -996,8 +1003,7 @@ static void tab_build(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef n
   e->tab = LLVMBuildAlloca(b, tt, "tab");
   LLVMSetAlignment(e->tab, 64);
   /* the call's elements: the sum of its chunks' lengths */
-  LLVMTypeRef chunk_t =
-      LLVMStructTypeInContext(c, (LLVMTypeRef[]){e->ti32, e->ti32, e->ti64, e->ti64, e->ti64, e->ti64}, 6, 0);
+  LLVMTypeRef chunk_t = chunk_type(e);
   LLVMBasicBlockRef pre = LLVMGetInsertBlock(b);
   LLVMBasicBlockRef sum = LLVMAppendBasicBlockInContext(c, fn, "tab.count");
   LLVMBasicBlockRef sum_body = LLVMAppendBasicBlockInContext(c, fn, "tab.count.body");
@@ -1554,7 +1560,7 @@ static void emit_phase(E *e, int k) {
       e->cscalar[r] = canonical_nan(e, e->scalar[r]);
   memset(e->recip, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
   e->recip_ok = NULL;
-  for (Ref i = ph->lo; i < ph->hi && e->tab_o == NOREF; i++)
+  for (Ref i = ph->lo; i < ph->hi && e->tab_o == NOREF; i++) /* a table subsumes it */
     if (recip_div(g, i)) {
       LLVMValueRef cv = e->scalar[g->ins[i].args[1]];
       e->recip[i] = LLVMBuildFDiv(b, LLVMConstReal(e->tf32, 1.0), cv, "recip");
@@ -1573,8 +1579,7 @@ static void emit_phase(E *e, int k) {
   LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, ci, nchunks, ""), chunk_body, exit);
 
   LLVMPositionBuilderAtEnd(b, chunk_body);
-  LLVMTypeRef chunk_t =
-      LLVMStructTypeInContext(c, (LLVMTypeRef[]){e->ti32, e->ti32, e->ti64, e->ti64, e->ti64, e->ti64}, 6, 0);
+  LLVMTypeRef chunk_t = chunk_type(e);
   LLVMValueRef chp = LLVMBuildGEP2(b, chunk_t, chunks, &ci, 1, "");
   LLVMValueRef tensor = LLVMBuildLoad2(b, e->ti32, LLVMBuildStructGEP2(b, chunk_t, chp, 0, ""), "tensor");
   e->start = LLVMBuildLoad2(b, e->ti64, LLVMBuildStructGEP2(b, chunk_t, chp, 2, ""), "start");
@@ -1658,7 +1663,9 @@ static void emit_phase(E *e, int k) {
     e->no_tail = true;
   }
   if (e->tab_ok) {
-    /* the full vectors with the table, where this call built it */
+    /* the full vectors with the table, where this call built it; else
+     * the dividing loop below, not pipelined (the Scout recipe compiles in
+     * 42-45 ms cold; with a third loop, recip_div's, in 52-58) */
     LLVMBasicBlockRef look = LLVMAppendBasicBlockInContext(c, fn, "vec.tab");
     LLVMBasicBlockRef other = LLVMAppendBasicBlockInContext(c, fn, "vec.notab");
     LLVMBuildCondBr(b, e->tab_ok, look, other);
