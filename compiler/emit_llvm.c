@@ -1517,7 +1517,10 @@ static void emit_phase(E *e, int k) {
   char name[32];
   snprintf(name, sizeof name, "optc_phase%d", k);
   LLVMValueRef fn = LLVMAddFunction(e->m, name, fty);
-  const char *attrs[][2] = {{"min-legal-vector-width", "512"}, {"prefer-vector-width", "512"}};
+  /* probe-stack: a table's 256 KiB frame (tab_build) touches each page in
+   * turn, so a small thread stack faults on its guard page, not past it */
+  const char *attrs[][2] = {{"min-legal-vector-width", "512"}, {"prefer-vector-width", "512"},
+                            {"probe-stack", "inline-asm"}};
   for (size_t i = 0; i < ARRAY_LEN(attrs); i++)
     LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
                             LLVMCreateStringAttribute(c, attrs[i][0], (unsigned)strlen(attrs[i][0]), attrs[i][1],
