@@ -914,6 +914,17 @@ static LLVMTypeRef chunk_type(E *e) {
   return LLVMStructTypeInContext(e->c, (LLVMTypeRef[]){e->ti32, e->ti32, e->ti64, e->ti64, e->ti64, e->ti64}, 6, 0);
 }
 
+/* Splats of the step values and their canonical-NaN copies, in the
+ * current block (per chunk, and in a table's build). */
+static void splat_step_values(E *e) {
+  for (int r = 0; r < e->g->nins; r++) {
+    if (e->scalar[r])
+      e->splat[r] = broadcast(e, e->scalar[r]);
+    if (e->cscalar[r])
+      e->csplat[r] = broadcast(e, e->cscalar[r]);
+  }
+}
+
 static bool tabulable(const Ins *x) {
   switch (x->op) {
   case OP_LOAD: case OP_STORE: case OP_REDUCE: case OP_CVT_SR: case OP_TAILPOS: case OP_LERP: return false;
@@ -996,7 +1007,6 @@ static void tab_find(E *e) {
 /* Once per call, in the entry block: whether the call's chunks hold
  * CPU_TABLE_MIN elements, and if so the table (4096 vectors of the cone). */
 static void tab_build(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef nchunks) {
-  const Graph *g = e->g;
   LLVMBuilderRef b = e->b;
   LLVMContextRef c = e->c;
   LLVMTypeRef tt = LLVMArrayType2(e->ti32, 65536);
@@ -1030,12 +1040,7 @@ static void tab_build(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef n
   /* the build: vector k holds the patterns 16k .. 16k + 15 */
   LLVMPositionBuilderAtEnd(b, build);
   LLVMValueRef k = LLVMBuildPhi(b, e->ti64, "k");
-  for (int r = 0; r < g->nins; r++) {
-    if (e->scalar[r])
-      e->splat[r] = broadcast(e, e->scalar[r]);
-    if (e->cscalar[r])
-      e->csplat[r] = broadcast(e, e->cscalar[r]);
-  }
+  splat_step_values(e);
   LLVMValueRef lanes[W];
   for (int l = 0; l < W; l++)
     lanes[l] = LLVMConstInt(e->ti32, (unsigned)l, 0);
@@ -1603,14 +1608,10 @@ static void emit_phase(E *e, int k) {
   memset(e->csplat, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
   memset(e->lerp_w, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
   memset(e->rsplat, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
-  for (int r = 0; r < g->nins; r++) {
+  splat_step_values(e);
+  for (int r = 0; r < g->nins; r++)
     if (e->recip[r])
       e->rsplat[r] = broadcast(e, e->recip[r]);
-    if (e->scalar[r])
-      e->splat[r] = broadcast(e, e->scalar[r]);
-    if (e->cscalar[r])
-      e->csplat[r] = broadcast(e, e->cscalar[r]);
-  }
   LLVMValueRef trow = LLVMBuildMul(b, LLVMBuildZExt(b, tensor, e->ti64, ""), LLVMConstInt(e->ti64, (unsigned)g->nins, 0), "");
   for (Ref i = ph->lo; i < ph->hi; i++) {
     const Ins *x = &g->ins[i];
