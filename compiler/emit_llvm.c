@@ -62,6 +62,8 @@ typedef struct {
   bool no_tail;          /* this body's vector is in no tailpos remainder */
   bool avx512;           /* the target has AVX-512F (vrsqrt14ps) */
   bool avx512bw;         /* ... and AVX-512BW (vpermw): bf16 packed and widened in one op */
+  bool perm_ok;          /* without AVX-512: the phase may widen in lane_elem's order (perm_find) */
+  bool perm;             /* ... and the body being emitted does: f32 lane d holds element lane_elem(d) */
   LLVMValueRef perm_pack, perm_widen, odd_words; /* vpermw's operands, loaded at entry */
 } E;
 
@@ -137,6 +139,28 @@ static LLVMValueRef unary_intrinsic(E *e, const char *name, LLVMValueRef x) {
 
 /* ---- bf16 and f16, as numerics.h, lane by lane --------------------------------------- */
 
+/* Without AVX-512 an f32 vector is two ymm, and widening 16 bf16 in order
+ * takes two vpmovzxwd and two shifts; vpunpck{l,h}wd against zero widen
+ * them in two ops, each within its 128-bit lanes: elements 0-3 and 8-11
+ * into the first ymm, 4-7 and 12-15 into the second. vpackusdw packs that
+ * order back in one op (no vpermq). So where every lane is on its own (a
+ * phase perm_find accepts), f32 lane d holds element lane_elem(d), and a
+ * 16-bit vector is always in memory's order. */
+static unsigned lane_elem(int d) { return (unsigned)((d & 4) * 2 + (d & 8) / 2 + (d & 3)); }
+
+/* v's 16 i32 lanes as 16 i16, each lane's low half (its high half zero,
+ * or each lane 0 or -1: the pack saturates) in memory's order. */
+static LLVMValueRef pack_words(E *e, LLVMValueRef v) {
+  LLVMBuilderRef b = e->b;
+  if (!e->perm)
+    return LLVMBuildTrunc(b, v, vec(e->ti16, W), "");
+  LLVMValueRef w = LLVMBuildBitCast(b, v, vec(e->ti16, 2 * W), "");
+  LLVMValueRef idx[W];
+  for (int n = 0; n < W; n++) /* lane_elem is its own inverse */
+    idx[n] = LLVMConstInt(e->ti32, 2 * lane_elem(n), 0);
+  return LLVMBuildShuffleVector(b, w, LLVMGetUndef(LLVMTypeOf(w)), LLVMConstVector(idx, W), "");
+}
+
 /* With AVX-512BW a bf16 vector is widened, and packed, by one vpermw: its
  * word indices and zeroing mask come from globals the optimizer cannot see
  * through (a constant one would become a shuffle, which is lowered as a
@@ -152,6 +176,15 @@ static LLVMValueRef bf16_to_f32(E *e, LLVMValueRef h) {
     LLVMValueRef p = call_intrinsic(e, "llvm.x86.avx512.permvar.hi.512", NULL, 0, args, 2);
     p = LLVMBuildSelect(b, e->odd_words, p, LLVMConstNull(vec(e->ti16, 2 * W)), "");
     return LLVMBuildBitCast(b, p, vec(e->tf32, W), "");
+  }
+  if (e->perm) { /* words {0, h[lane_elem(d)]}: two vpunpck{l,h}wd */
+    LLVMValueRef idx[2 * W];
+    for (int d = 0; d < W; d++) {
+      idx[2 * d] = LLVMConstInt(e->ti32, 0, 0);
+      idx[2 * d + 1] = LLVMConstInt(e->ti32, W + lane_elem(d), 0);
+    }
+    LLVMValueRef wide = LLVMBuildShuffleVector(b, LLVMConstNull(LLVMTypeOf(h)), h, LLVMConstVector(idx, 2 * W), "");
+    return LLVMBuildBitCast(b, wide, vec(e->tf32, W), "");
   }
   LLVMValueRef u = LLVMBuildZExt(b, h, vec(e->ti32, W), "");
   return LLVMBuildBitCast(b, LLVMBuildShl(b, u, ci32(e, 16), ""), vec(e->tf32, W), "");
@@ -198,7 +231,7 @@ static LLVMValueRef bf16_pack(E *e, LLVMValueRef bits) {
       lanes[i] = LLVMConstInt(e->ti32, (unsigned)i, 0);
     return LLVMBuildShuffleVector(b, p, LLVMGetUndef(LLVMTypeOf(p)), LLVMConstVector(lanes, W), "");
   }
-  return LLVMBuildTrunc(b, LLVMBuildLShr(b, bits, ci32(e, 16), ""), vec(e->ti16, W), "");
+  return pack_words(e, LLVMBuildLShr(b, bits, ci32(e, 16), ""));
 }
 
 static LLVMValueRef f32_to_bf16(E *e, LLVMValueRef f) {
@@ -619,6 +652,17 @@ static LLVMValueRef emit_round_bf16(E *e, Ref i, LLVMValueRef v, Type from) {
   if (in_body(&g->ins[a]) ? (e->fl[a] & FL_P) : (e->fl[i] & FL_CLEAN)) {
     /* a NaN came through as itself: quiet it and clear its payload (its
      * low 16 bits are zero: the sum did not carry into its high half) */
+    if (!e->avx512 && (e->fl[i] & FL_FAST)) {
+      /* the same on the packed words, half the vectors: pack, the NaN test
+       * packed as well (vpackssdw), then (w & 0xffc0) | 0x40 and vpblendvb */
+      e->rnd[i] = fast;
+      LLVMValueRef w = bf16_pack(e, low);
+      LLVMValueRef nan = LLVMBuildSExt(b, LLVMBuildFCmp(b, LLVMRealUNO, f, f, ""), vec(e->ti32, W), "");
+      LLVMValueRef nanw = LLVMBuildICmp(b, LLVMIntSLT, pack_words(e, nan), LLVMConstNull(vec(e->ti16, W)), "");
+      LLVMValueRef q = LLVMBuildOr(b, LLVMBuildAnd(b, w, splat_const(LLVMConstInt(e->ti16, 0xffc0, 0), W), ""),
+                                   splat_const(LLVMConstInt(e->ti16, 0x0040, 0), W), "");
+      return LLVMBuildSelect(b, nanw, q, w, "");
+    }
     LLVMValueRef q;
     if (e->avx512) { /* (low & c1) | c2 in one vpternlogd, masked by the NaN test */
       LLVMValueRef args[4] = {low, ci32(e, 0xffc0ffffu), ci32(e, 0x00400000), LLVMConstInt(e->ti32, 0xea, 0)};
@@ -889,6 +933,35 @@ static void analyze(E *e) {
     if (canon)
       fl[i] |= FL_CANON;
   }
+}
+
+/* Whether the phase may widen bf16 in lane_elem's order (e->perm): no
+ * AVX-512, and nothing that sees a lane's place or moves a value between
+ * an f32 lane and a 16-bit one but the loads' widening and the stores'
+ * packing. So: every buffer bf16 (an f32 load would be in order), no
+ * reduction (its sums are in element order), no stochastic rounding (a
+ * function of the element's index), and tailpos only where it is folded
+ * to -1 (e->no_tail: emit_phase sets perm per loop), no f16 (its conversions
+ * zero-extend in order), no select of 16-bit values (its condition is in
+ * f32 lanes), and no table (tab_gather indexes in order). */
+static bool perm_find(const E *e) {
+  const Graph *g = e->g;
+  if (e->avx512 || e->tab_o != NOREF || e->ph->nreds > 0)
+    return false;
+  for (Ref i = e->ph->lo; i < e->ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (!in_body(x))
+      continue;
+    if ((x->op == OP_LOAD || x->op == OP_STORE) && g->bufs[x->buf].type != TY_BF16)
+      return false;
+    if (x->op == OP_CVT_SR || x->type == TY_F16 ||
+        (x->op == OP_SELECT && is16((Type)x->type)))
+      return false;
+    for (int k = 0; k < op_info[x->op].nargs; k++)
+      if (g->ins[x->args[k]].type == TY_F16)
+        return false;
+  }
+  return true;
 }
 
 /* ---- a function of one bf16, as a table ------------------------------------------------- */
@@ -1560,6 +1633,11 @@ static void emit_phase(E *e, int k) {
   }
   analyze(e);
   tab_find(e);
+  e->perm_ok = perm_find(e);
+  bool has_tailpos = false;
+  for (Ref i = ph->lo; i < ph->hi; i++)
+    has_tailpos |= g->ins[i].op == OP_TAILPOS && in_body(&g->ins[i]);
+  e->perm = e->perm_ok && !has_tailpos;
   if (e->avx512bw)
     load_perms(e);
   memset(e->cscalar, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
@@ -1665,6 +1743,7 @@ static void emit_phase(E *e, int k) {
     LLVMBuildBr(b, tail_check);
     LLVMPositionBuilderAtEnd(b, plain);
     e->no_tail = true;
+    e->perm = e->perm_ok;
   }
   if (e->tab_ok) {
     /* the full vectors with the table, where this call built it; else
@@ -1701,6 +1780,7 @@ static void emit_phase(E *e, int k) {
   }
   jv = vec_loop(e, fn, len, piped && !e->recip_ok, acc0, acc_v);
   e->no_tail = false;
+  e->perm = e->perm_ok && !has_tailpos;
   from_v = LLVMGetInsertBlock(b);
   LLVMBuildBr(b, tail_check);
 

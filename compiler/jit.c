@@ -68,11 +68,16 @@ static char *named_cpu_features(const char *cpu) {
   return LLVMCreateMessage("");
 }
 
+/* The CPU a compile targets: the one it names, else $OPTC_CPU (a name, as
+ * --cpu: the code another CPU would run, e.g. haswell's on an AVX-512
+ * machine, for every compile in the process), else the host. */
 static void target_init(Target *t, const CpuTarget *ct) {
+  const char *env = getenv("OPTC_CPU");
+  const char *cpu = ct && ct->cpu ? ct->cpu : env && *env ? env : NULL;
   t->triple = LLVMGetDefaultTargetTriple();
-  t->cpu = ct && ct->cpu ? LLVMCreateMessage(ct->cpu) : LLVMGetHostCPUName();
+  t->cpu = cpu ? LLVMCreateMessage(cpu) : LLVMGetHostCPUName();
   t->features = ct && ct->features ? LLVMCreateMessage(ct->features)
-                : ct && ct->cpu     ? named_cpu_features(ct->cpu)
+                : cpu               ? named_cpu_features(cpu)
                                     : LLVMGetHostCPUFeatures();
 }
 

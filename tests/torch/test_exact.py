@@ -148,29 +148,35 @@ def test_exec_equals_torch(case, optc_bin, torch_cpu, tmp_path):
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["forloop", "fused"])
+@pytest.mark.parametrize("cpu", [None, "haswell"], ids=["host", "haswell"])
 @pytest.mark.parametrize("start", [0, 2933])
-def test_table_equals_torch(start, optc_bin, torch_cpu, tmp_path):
-    """bf16 AdamW's for-loop bits on a call large enough (one thread, 5 x 65536
-    elements) that optc's compiled step, on AVX-512, computes the denominator
+def test_table_equals_torch(start, cpu, fused, optc_bin, torch_cpu, tmp_path):
+    """bf16 AdamW on a call large enough (one thread, 5 x 65536 + 37 elements)
+    that optc's compiled for-loop step, on AVX-512, computes the denominator
     (exp_avg_sq.sqrt() / bias_correction2_sqrt + eps, every op rounded) once
     for each of the 65536 bit patterns of exp_avg_sq and looks it up
     (emit_llvm.c, tab_find). exp_avg_sq starts as every bit pattern, 5 times
     (NaNs, Infs, negatives and subnormals included); 3 steps, from step 1
     and from step 2934 (where a multiply by 1/bias_correction2_sqrt would not
-    round as the divide): torch's bytes."""
-    n = 5 * 65536
+    round as the divide): torch's bytes. Also with fused=True's bits, and
+    with the code for haswell (OPTC_CPU), which widens bf16 in lane_elem's
+    order and stores NaNs from the packed words (emit_llvm.c, perm_find):
+    on AVX2 every store of every NaN and Inf."""
+    n = 5 * 65536 + 37  # and a tail: a masked vector, and fused=True's scalar remainder
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(20261203 + start)
     p = torch.nn.Parameter(torch.randn(n, generator=g).to(torch.bfloat16))
     hyper = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-    opt = torch.optim.AdamW([p], foreach=False, **hyper)
+    opt = torch.optim.AdamW([p], **(dict(fused=True) if fused else dict(foreach=False)), **hyper)
     exp_avg = (torch.randn(n, generator=g) * 1e-2).to(torch.bfloat16)
     exp_avg_sq = (torch.arange(n, dtype=torch.int32) % 65536).to(torch.int16).view(torch.bfloat16)
     opt.state[p] = {"step": torch.tensor(float(start)), "exp_avg": exp_avg.clone(), "exp_avg_sq": exp_avg_sq.clone()}
     state = {"p": p.detach().clone(), "p.exp_avg": exp_avg, "p.exp_avg_sq": exp_avg_sq,
              "p.step": torch.tensor(float(start))}
-    case = dict(name="AdamW", hyper=hyper, fused=False, dtype="bf16", clip=None)
+    case = dict(name="AdamW", hyper=hyper, fused=fused, dtype="bf16", clip=None)
     (tmp_path / "r.yaml").write_text(recipe(case, torch_cpu))
+    env = dict(os.environ, OPTC_CPU=cpu) if cpu else None
     for _ in range(3):
         grad = (torch.randn(n, generator=g) * 1e-2).to(torch.bfloat16)
         p.grad = grad.clone()
@@ -178,7 +184,7 @@ def test_table_equals_torch(start, optc_bin, torch_cpu, tmp_path):
         state["p.grad"] = grad
         save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "in.st"))
         run([optc_bin, "exec", str(tmp_path / "r.yaml"), "--in", str(tmp_path / "in.st"), "--out",
-             str(tmp_path / "out.st"), "--backend", "cpu", "--threads", "1"])
+             str(tmp_path / "out.st"), "--backend", "cpu", "--threads", "1"], env=env)
         state = load_file(str(tmp_path / "out.st"))
     bad = []
     for key, want in [("p", p.detach()), ("p.exp_avg", opt.state[p]["exp_avg"]),

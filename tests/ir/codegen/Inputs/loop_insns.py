@@ -32,6 +32,16 @@ import re
 import sys
 
 
+def sixteen(insns, x, reg):
+    """Whether the vector access x moves 16-bit elements: on AVX2, a load
+    that vpunpck{l,h}wd widen, or a store of what vpackusdw packed."""
+    if not re.match(r"^\s+vmovdq[ua]\s", x):
+        return False
+    store = x.rstrip().endswith(")")
+    ops = ("vpackusdw",) if store else ("vpunpcklwd", "vpunpckhwd")
+    return any(y.lstrip().startswith(ops) and reg in y for y in insns)
+
+
 def loops(lines):
     fn, body = None, []
     funcs = {}
@@ -86,7 +96,7 @@ def loops(lines):
                         reg = re.search(r"%([xyz])mm\d+", x)
                         if reg:
                             width = {"x": 16, "y": 32, "z": 64}[reg.group(1)]
-                            if "vpmovzxwd" in x:
+                            if "vpmovzxwd" in x or sixteen(insns, x, reg.group(0)):
                                 width //= 2
                             per[m.group(1)] = min(per.get(m.group(1), width), width // lanes)
             steps = [int(m.group(2)) // per[m.group(3)] for x in insns
