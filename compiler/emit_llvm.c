@@ -653,15 +653,18 @@ static LLVMValueRef emit_round_bf16(E *e, Ref i, LLVMValueRef v, Type from) {
     /* a NaN came through as itself: quiet it and clear its payload (its
      * low 16 bits are zero: the sum did not carry into its high half) */
     if (!e->avx512 && (e->fl[i] & FL_FAST)) {
-      /* the same on the packed words, half the vectors: pack, the NaN test
-       * packed as well (vpackssdw), then (w & 0xffc0) | 0x40 and vpblendvb */
+      /* the same on the packed words, half the vectors, the NaN test
+       * included: a NaN's word is its high half, sign | 0x7f80 | a nonzero
+       * 7-bit payload (its low 16 bits were zero), and any other value
+       * rounds to a finite word or an infinity, so NaN <=> (w & 0x7fff) >
+       * 0x7f80; it becomes sign | 0x7fc0 by subtracting (w & 0x7fff) -
+       * 0x7fc0, which leaves the sign. Five ops for 16 elements. */
       e->rnd[i] = fast;
       LLVMValueRef w = bf16_pack(e, low);
-      LLVMValueRef nan = LLVMBuildSExt(b, LLVMBuildFCmp(b, LLVMRealUNO, f, f, ""), vec(e->ti32, W), "");
-      LLVMValueRef nanw = LLVMBuildICmp(b, LLVMIntSLT, pack_words(e, nan), LLVMConstNull(vec(e->ti16, W)), "");
-      LLVMValueRef q = LLVMBuildOr(b, LLVMBuildAnd(b, w, splat_const(LLVMConstInt(e->ti16, 0xffc0, 0), W), ""),
-                                   splat_const(LLVMConstInt(e->ti16, 0x0040, 0), W), "");
-      return LLVMBuildSelect(b, nanw, q, w, "");
+      LLVMValueRef mag = LLVMBuildAnd(b, w, splat_const(LLVMConstInt(e->ti16, 0x7fff, 0), W), "");
+      LLVMValueRef nan = LLVMBuildICmp(b, LLVMIntSGT, mag, splat_const(LLVMConstInt(e->ti16, 0x7f80, 0), W), "");
+      LLVMValueRef d = LLVMBuildSub(b, mag, splat_const(LLVMConstInt(e->ti16, 0x7fc0, 0), W), "");
+      return LLVMBuildSub(b, w, LLVMBuildAnd(b, LLVMBuildSExt(b, nan, vec(e->ti16, W), ""), d, ""), "");
     }
     LLVMValueRef q;
     if (e->avx512) { /* (low & c1) | c2 in one vpternlogd, masked by the NaN test */
