@@ -30,6 +30,10 @@ typedef struct CpuProgram CpuProgram;
  * computes a bf16 value that is a function of one bf16 alone once for each
  * of its 65536 bit patterns, and looks it up (emit_llvm.c, tab_find). */
 enum { CPU_TABLE_MIN = 1 << 18 };
+/* ... and without AVX-512, of at least this many checks its holds of one
+ * op on one bf16 for ties on all 65536 inputs, and where there are none
+ * rounds them half up (emit_llvm.c, tie_find). */
+enum { CPU_TIE_MIN = 1 << 17 };
 
 bool cpu_backend_available(void);
 /* Compiles every phase of a planned graph into one object, JIT-linked.

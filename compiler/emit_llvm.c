@@ -55,6 +55,10 @@ typedef struct {
   LLVMValueRef tab;      /* the table: 65536 f32 bits, tab_o's rounding for each bit pattern of tab_u */
   LLVMValueRef tab_ok;   /* NULL, or whether this call built it (it is large enough) */
   bool by_tab;           /* the loop being emitted looks tab_o up */
+  Ref *tie;              /* (nins) a hold tie_find took: the 16-bit-derived f32 its op reads, else 0 */
+  LLVMValueRef tie_ok;   /* NULL, or whether no such hold rounds a tie this call (tie_check) */
+  bool by_tie;           /* the loop being emitted rounds those holds half up */
+  bool half_up;          /* the hold being emitted does (bf16_round_sum) */
   uint8_t *fl;           /* (nins) FL_* of the phase being emitted */
   uint8_t *stage;        /* (nins) its stage in the pipelined loop: divides and square roots before it (stages) */
   Ref *cross;            /* (nins) the values a stage reads of an earlier one */
@@ -198,6 +202,8 @@ static LLVMValueRef bf16_to_f32(E *e, LLVMValueRef h) {
  * before the low half is cleared: its high half is the same. */
 static LLVMValueRef bf16_round_sum(E *e, LLVMValueRef u) {
   LLVMBuilderRef b = e->b;
+  if (e->half_up) /* no tie this call (tie_check): half up is to even */
+    return LLVMBuildAdd(b, u, ci32(e, 0x8000), "");
   if (e->avx512) {
     /* the bias as a choice of two constants: vptestmd and a masked move */
     LLVMValueRef odd = LLVMBuildICmp(b, LLVMIntNE, LLVMBuildAnd(b, u, ci32(e, 0x10000), ""), ci32(e, 0), "");
@@ -641,7 +647,9 @@ static LLVMValueRef emit_round_bf16(E *e, Ref i, LLVMValueRef v, Type from) {
       (!in_body(&g->ins[y->args[0]]) || (e->fl[y->args[0]] & FL_CANON)))
     return operand_of(e, i, y->args[0]);
   LLVMValueRef f = from == TY_F64 ? LLVMBuildFPTrunc(b, v, vtype(e, TY_F32), "") : v;
+  e->half_up = e->by_tie && e->tie[i] != NOREF;
   LLVMValueRef sum = bf16_round_sum(e, LLVMBuildBitCast(b, f, vec(e->ti32, W), ""));
+  e->half_up = false;
   LLVMValueRef fast = LLVMBuildAnd(b, sum, ci32(e, 0xffff0000u), "");
   /* An FL_FAST hold's f32 is fast; what is packed (its high halves) may
    * then come from the sum, one op fewer where nothing else uses fast
@@ -1082,26 +1090,24 @@ static void tab_find(E *e) {
 
 /* Once per call, in the entry block: whether the call's chunks hold
  * CPU_TABLE_MIN elements, and if so the table (4096 vectors of the cone). */
-static void tab_build(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef nchunks) {
+/* In the entry block: whether the call's chunks hold at least min
+ * elements (the sum of their lengths, counted until it gets there). Leaves
+ * the builder in a new block, with *from that block. */
+static LLVMValueRef call_at_least(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef nchunks, long min,
+                                  LLVMBasicBlockRef *from) {
   LLVMBuilderRef b = e->b;
   LLVMContextRef c = e->c;
-  LLVMTypeRef tt = LLVMArrayType2(e->ti32, 65536);
-  e->tab = LLVMBuildAlloca(b, tt, "tab");
-  LLVMSetAlignment(e->tab, 64);
-  /* the call's elements: the sum of its chunks' lengths */
   LLVMTypeRef chunk_t = chunk_type(e);
   LLVMBasicBlockRef pre = LLVMGetInsertBlock(b);
-  LLVMBasicBlockRef sum = LLVMAppendBasicBlockInContext(c, fn, "tab.count");
-  LLVMBasicBlockRef sum_body = LLVMAppendBasicBlockInContext(c, fn, "tab.count.body");
-  LLVMBasicBlockRef build = LLVMAppendBasicBlockInContext(c, fn, "tab.build");
-  LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(c, fn, "tab.done");
+  LLVMBasicBlockRef sum = LLVMAppendBasicBlockInContext(c, fn, "count");
+  LLVMBasicBlockRef sum_body = LLVMAppendBasicBlockInContext(c, fn, "count.body");
+  LLVMBasicBlockRef count_exit = LLVMAppendBasicBlockInContext(c, fn, "count.exit");
   LLVMValueRef zero = LLVMConstInt(e->ti64, 0, 0), one = LLVMConstInt(e->ti64, 1, 0);
   LLVMBuildBr(b, sum);
   LLVMPositionBuilderAtEnd(b, sum);
   LLVMValueRef ci = LLVMBuildPhi(b, e->ti64, "c"), tot = LLVMBuildPhi(b, e->ti64, "n");
-  LLVMValueRef big = LLVMBuildICmp(b, LLVMIntSGE, tot, LLVMConstInt(e->ti64, CPU_TABLE_MIN, 0), "");
+  LLVMValueRef big = LLVMBuildICmp(b, LLVMIntSGE, tot, LLVMConstInt(e->ti64, (unsigned long long)min, 0), "");
   LLVMValueRef more = LLVMBuildICmp(b, LLVMIntSLT, ci, nchunks, "");
-  LLVMBasicBlockRef count_exit = LLVMAppendBasicBlockInContext(c, fn, "tab.count.exit");
   LLVMBuildCondBr(b, LLVMBuildAnd(b, more, LLVMBuildNot(b, big, ""), ""), sum_body, count_exit);
   LLVMPositionBuilderAtEnd(b, sum_body);
   LLVMValueRef chp = LLVMBuildGEP2(b, chunk_t, chunks, &ci, 1, "");
@@ -1111,17 +1117,40 @@ static void tab_build(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef n
   LLVMAddIncoming(ci, (LLVMValueRef[]){zero, cnext}, (LLVMBasicBlockRef[]){pre, sum_body}, 2);
   LLVMAddIncoming(tot, (LLVMValueRef[]){zero, tnext}, (LLVMBasicBlockRef[]){pre, sum_body}, 2);
   LLVMPositionBuilderAtEnd(b, count_exit);
+  *from = count_exit;
+  return big;
+}
+
+/* The 16 bit patterns 16k .. 16k + 15, as i32 lanes. */
+static LLVMValueRef patterns(E *e, LLVMValueRef k) {
+  LLVMBuilderRef b = e->b;
+  LLVMValueRef lanes[W];
+  for (int l = 0; l < W; l++)
+    lanes[l] = LLVMConstInt(e->ti32, (unsigned)l, 0);
+  LLVMValueRef base = LLVMBuildTrunc(b, LLVMBuildMul(b, k, LLVMConstInt(e->ti64, W, 0), ""), e->ti32, "");
+  return LLVMBuildAdd(b, broadcast(e, base), LLVMConstVector(lanes, W), "");
+}
+
+/* Once per call, in the entry block: whether the call's chunks hold
+ * CPU_TABLE_MIN elements, and if so the table (4096 vectors of the cone). */
+static void tab_build(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef nchunks) {
+  LLVMBuilderRef b = e->b;
+  LLVMContextRef c = e->c;
+  LLVMTypeRef tt = LLVMArrayType2(e->ti32, 65536);
+  e->tab = LLVMBuildAlloca(b, tt, "tab");
+  LLVMSetAlignment(e->tab, 64);
+  LLVMBasicBlockRef count_exit;
+  LLVMValueRef big = call_at_least(e, fn, chunks, nchunks, CPU_TABLE_MIN, &count_exit);
+  LLVMBasicBlockRef build = LLVMAppendBasicBlockInContext(c, fn, "tab.build");
+  LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(c, fn, "tab.done");
+  LLVMValueRef zero = LLVMConstInt(e->ti64, 0, 0), one = LLVMConstInt(e->ti64, 1, 0);
   e->tab_ok = big;
   LLVMBuildCondBr(b, big, build, done);
   /* the build: vector k holds the patterns 16k .. 16k + 15 */
   LLVMPositionBuilderAtEnd(b, build);
   LLVMValueRef k = LLVMBuildPhi(b, e->ti64, "k");
   splat_step_values(e);
-  LLVMValueRef lanes[W];
-  for (int l = 0; l < W; l++)
-    lanes[l] = LLVMConstInt(e->ti32, (unsigned)l, 0);
-  LLVMValueRef pat = LLVMBuildAdd(b, broadcast(e, LLVMBuildTrunc(b, LLVMBuildMul(b, k, LLVMConstInt(e->ti64, W, 0), ""), e->ti32, "")),
-                                  LLVMConstVector(lanes, W), "");
+  LLVMValueRef pat = patterns(e, k);
   forget(e);
   e->mask = NULL;
   e->by_recip = false;
@@ -1138,6 +1167,111 @@ static void tab_build(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef n
   LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, knext, LLVMConstInt(e->ti64, 65536 / W, 0), ""), build, done);
   LLVMPositionBuilderAtEnd(b, done);
   forget(e);
+}
+
+/* ---- holds that round no tie ----------------------------------------------------------- */
+
+/* Rounding f32 bits to the nearest bf16, ties to even, is u + 0x7fff + lsb
+ * with the lsb (u >> 16) & 1: without AVX-512 the hold is five ops, a
+ * shift, an and, two adds and the low half cleared. Half up, u + 0x8000,
+ * drops the shift, the and and an add, and gives the same bits unless u's
+ * low half is 0x8000, a tie. A bf16 hold of one op whose only per-element
+ * operand is a bf16 value (the for-loop's g * scale, p * (1 - lr * wd),
+ * v * beta2, sqrt(v), d * (1 / bias_correction2_sqrt), d + eps) has 65536
+ * possible inputs: tie_find finds such holds, and tie_check computes each
+ * one's op on all 65536, with the code the loop runs, once per call; where
+ * none rounds a tie, the loop rounds them half up (e->by_tie). Without
+ * AVX-512 only: there a hold is four ops, and a large call looks the
+ * denominator up. Returns how many it found. */
+static int tie_find(E *e) {
+  const Graph *g = e->g;
+  for (int i = 0; i < g->nins; i++)
+    e->tie[i] = NOREF;
+  if (e->avx512)
+    return 0;
+  int n = 0;
+  for (Ref h = e->ph->lo; h < e->ph->hi; h++) {
+    const Ins *x = &g->ins[h];
+    if (x->op != OP_CVT || x->type != TY_BF16 || !in_body(x))
+      continue;
+    const Ins *a = &g->ins[x->args[0]];
+    /* a product, quotient or square root: an add of two bf16 values is
+     * exact in f32, and often a tie (d + bf16(eps) is, every step) */
+    bool op_ok = a->op == OP_MUL || a->op == OP_DIV || a->op == OP_SQRT || a->op == OP_SQRT_MKL;
+    if (!in_body(a) || a->type != TY_F32 || !op_ok)
+      continue;
+    Ref src = NOREF;
+    bool ok = true;
+    for (int k = 0; k < op_info[a->op].nargs; k++) {
+      Ref r = a->args[k];
+      const Ins *y = &g->ins[r];
+      if (!in_body(y))
+        ok &= y->scope == SCOPE_STEP; /* not a tensor-scope value: it is loaded per chunk */
+      else if (y->op != OP_CVT || g->ins[y->args[0]].type != TY_BF16 || (src != NOREF && src != r))
+        ok = false;
+      else
+        src = r;
+    }
+    if (ok && src != NOREF) {
+      e->tie[h] = src;
+      n++;
+    }
+  }
+  return n;
+}
+
+/* Once per call, in the entry block, after the step values' reciprocals
+ * (the loop that rounds half up multiplies by them): whether the call holds
+ * CPU_TIE_MIN elements, and if so whether none of tie_find's holds rounds
+ * a tie on any of the 65536 inputs (e->tie_ok). */
+static void tie_check(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef nchunks) {
+  LLVMBuilderRef b = e->b;
+  LLVMContextRef c = e->c;
+  const Graph *g = e->g;
+  LLVMBasicBlockRef count_exit;
+  LLVMValueRef big = call_at_least(e, fn, chunks, nchunks, CPU_TIE_MIN, &count_exit);
+  LLVMBasicBlockRef check = LLVMAppendBasicBlockInContext(c, fn, "tie.check");
+  LLVMBasicBlockRef checked = LLVMAppendBasicBlockInContext(c, fn, "tie.checked");
+  LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(c, fn, "tie.done");
+  LLVMValueRef zero = LLVMConstInt(e->ti64, 0, 0), one = LLVMConstInt(e->ti64, 1, 0);
+  LLVMTypeRef vb = vec(e->ti1, W);
+  LLVMBuildCondBr(b, big, check, done);
+  /* vector k: the patterns 16k .. 16k + 15 as f32, into every such op */
+  LLVMPositionBuilderAtEnd(b, check);
+  LLVMValueRef k = LLVMBuildPhi(b, e->ti64, "k"), acc = LLVMBuildPhi(b, vb, "tie");
+  splat_step_values(e);
+  for (int r = 0; r < g->nins; r++)
+    if (e->recip[r])
+      e->rsplat[r] = broadcast(e, e->recip[r]);
+  forget(e);
+  e->mask = NULL;
+  e->by_recip = true;
+  LLVMValueRef f = LLVMBuildBitCast(b, LLVMBuildShl(b, patterns(e, k), ci32(e, 16), ""), vec(e->tf32, W), "");
+  LLVMValueRef any = acc;
+  for (Ref h = e->ph->lo; h < e->ph->hi; h++) {
+    if (e->tie[h] == NOREF)
+      continue;
+    Ref a = g->ins[h].args[0];
+    e->val[e->tie[h]] = f;
+    LLVMValueRef u = LLVMBuildBitCast(b, emit_ins(e, a), vec(e->ti32, W), "");
+    LLVMValueRef t = LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildAnd(b, u, ci32(e, 0xffff), ""), ci32(e, 0x8000), "");
+    any = LLVMBuildOr(b, any, t, "");
+  }
+  e->by_recip = false;
+  forget(e);
+  LLVMValueRef knext = LLVMBuildAdd(b, k, one, "");
+  LLVMBasicBlockRef check_end = LLVMGetInsertBlock(b);
+  LLVMAddIncoming(k, (LLVMValueRef[]){zero, knext}, (LLVMBasicBlockRef[]){count_exit, check_end}, 2);
+  LLVMAddIncoming(acc, (LLVMValueRef[]){LLVMConstNull(vb), any}, (LLVMBasicBlockRef[]){count_exit, check_end}, 2);
+  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, knext, LLVMConstInt(e->ti64, 65536 / W, 0), ""), check, checked);
+  LLVMPositionBuilderAtEnd(b, checked);
+  LLVMTypeRef iw = LLVMIntTypeInContext(c, W);
+  LLVMValueRef none = LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildBitCast(b, any, iw, ""), LLVMConstInt(iw, 0, 0), "");
+  LLVMBuildBr(b, done);
+  LLVMPositionBuilderAtEnd(b, done);
+  e->tie_ok = LLVMBuildPhi(b, e->ti1, "tie.ok");
+  LLVMAddIncoming(e->tie_ok, (LLVMValueRef[]){LLVMConstInt(e->ti1, 0, 0), none},
+                  (LLVMBasicBlockRef[]){count_exit, checked}, 2);
 }
 
 /* tab_o in the loop: its rounded bits from the table, at tab_u's 16 bits. */
@@ -1659,6 +1793,11 @@ static void emit_phase(E *e, int k) {
   e->tab_ok = NULL;
   if (e->tab_o != NOREF)
     tab_build(e, fn, chunks, nchunks);
+  e->tie_ok = NULL;
+  if (tie_find(e))
+    tie_check(e, fn, chunks, nchunks);
+  /* the loop that multiplies and rounds half up, where both checks pass */
+  LLVMValueRef fast_ok = e->recip_ok && e->tie_ok ? LLVMBuildAnd(b, e->recip_ok, e->tie_ok, "") : e->tie_ok;
   LLVMBasicBlockRef entry_end = LLVMGetInsertBlock(b);
   LLVMBuildBr(b, chunk_cond);
 
@@ -1729,9 +1868,9 @@ static void emit_phase(E *e, int k) {
   LLVMPositionBuilderAtEnd(b, vec_cond);
   e->nstages = stages(e);
   bool piped = e->nstages >= 2;
-  LLVMValueRef jv, jg = NULL, jr = NULL, jt = NULL;
-  LLVMValueRef acc_r[16], acc_t[16];
-  LLVMBasicBlockRef from_v, from_g = NULL, from_r = NULL, from_t = NULL;
+  LLVMValueRef jv, jg = NULL, jr = NULL, jt = NULL, jh = NULL;
+  LLVMValueRef acc_r[16], acc_t[16], acc_h[16];
+  LLVMBasicBlockRef from_v, from_g = NULL, from_r = NULL, from_t = NULL, from_h = NULL;
   LLVMValueRef hit = chunk_hit(e, len);
   if (hit) {
     /* A chunk in none of torch's loop remainders (almost every chunk of a
@@ -1765,6 +1904,21 @@ static void emit_phase(E *e, int k) {
     LLVMBuildBr(b, tail_check);
     LLVMPositionBuilderAtEnd(b, other);
   }
+  if (fast_ok) {
+    /* the full vectors with tie_find's holds rounded half up (and the
+     * multiplies, where there are any), where this call's checks passed */
+    LLVMBasicBlockRef fast = LLVMAppendBasicBlockInContext(c, fn, "vec.halfup");
+    LLVMBasicBlockRef other = LLVMAppendBasicBlockInContext(c, fn, "vec.even");
+    LLVMBuildCondBr(b, fast_ok, fast, other);
+    LLVMPositionBuilderAtEnd(b, fast);
+    e->by_recip = e->recip_ok != NULL;
+    e->by_tie = true;
+    jh = vec_loop(e, fn, len, piped, acc0, acc_h);
+    e->by_recip = e->by_tie = false;
+    from_h = LLVMGetInsertBlock(b);
+    LLVMBuildBr(b, tail_check);
+    LLVMPositionBuilderAtEnd(b, other);
+  }
   if (e->recip_ok) {
     /* the full vectors with the multiplies, where this call's check passed
      * (on all but ~1 step in 2000 of AdamW's bias corrections); else the
@@ -1781,7 +1935,7 @@ static void emit_phase(E *e, int k) {
     LLVMBuildBr(b, tail_check);
     LLVMPositionBuilderAtEnd(b, div);
   }
-  jv = vec_loop(e, fn, len, piped && !e->recip_ok, acc0, acc_v);
+  jv = vec_loop(e, fn, len, piped && !e->recip_ok && !fast_ok, acc0, acc_v);
   e->no_tail = false;
   e->perm = e->perm_ok && !has_tailpos;
   from_v = LLVMGetInsertBlock(b);
@@ -1796,6 +1950,8 @@ static void emit_phase(E *e, int k) {
     LLVMAddIncoming(jphi, &jr, &from_r, 1);
   if (jt)
     LLVMAddIncoming(jphi, &jt, &from_t, 1);
+  if (jh)
+    LLVMAddIncoming(jphi, &jh, &from_h, 1);
   for (int r = 0; r < nred; r++) {
     acc_tc[r] = LLVMBuildPhi(b, vacc, "acc.tail");
     LLVMAddIncoming(acc_tc[r], &acc_v[r], &from_v, 1);
@@ -1805,6 +1961,8 @@ static void emit_phase(E *e, int k) {
       LLVMAddIncoming(acc_tc[r], &acc_r[r], &from_r, 1);
     if (jt)
       LLVMAddIncoming(acc_tc[r], &acc_t[r], &from_t, 1);
+    if (jh)
+      LLVMAddIncoming(acc_tc[r], &acc_h[r], &from_h, 1);
   }
   LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, jphi, len, ""), tail, chunk_end);
   LLVMPositionBuilderAtEnd(b, tail);
@@ -1877,9 +2035,10 @@ LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *fea
   e.stage = calloc(n, 1);
   e.cross = calloc(n, sizeof(Ref));
   e.intab = calloc(n, 1);
+  e.tie = calloc(n, sizeof(Ref));
   ASSERT(e.val && e.scalar && e.tscalar && e.splat && e.srkey && e.tail && e.bufptr);
   ASSERT(e.cscalar && e.csplat && e.rnd && e.lerp_w && e.lerp_lo && e.recip && e.rsplat && e.fl && e.stage &&
-         e.cross && e.intab);
+         e.cross && e.intab && e.tie);
   for (int k = 0; k < p->nphases; k++) {
     e.ph = &p->phases[k];
     emit_phase(&e, k);
@@ -1902,6 +2061,7 @@ LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *fea
   free(e.stage);
   free(e.cross);
   free(e.intab);
+  free(e.tie);
   LLVMDisposeBuilder(e.b);
   char *msg = NULL;
   if (LLVMVerifyModule(e.m, LLVMReturnStatusAction, &msg)) {

@@ -14,7 +14,9 @@ loop for chunks in none of torch's remainders, beside the one that tests
 each element's place). Where optc emits
 a loop twice, one multiplying by a reciprocal where a per-call check says
 that rounds as the divide (all but rare steps) and one dividing (not
-pipelined, so larger), the first is what runs. It prints the body's
+pipelined, so larger), the first is what runs; and without AVX-512 a third
+may round holds half up where a per-call check finds no tie (fewer
+instructions again), which is what runs then. It prints the body's
 instruction count, its software prefetches, the
 vector width in f32 lanes (16 for zmm, 8 for ymm), the elements one
 iteration covers (the step of the register its loads index by: 16, optc's
