@@ -1175,14 +1175,16 @@ static void tab_build(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef n
  * with the lsb (u >> 16) & 1: without AVX-512 the hold is five ops, a
  * shift, an and, two adds and the low half cleared. Half up, u + 0x8000,
  * drops the shift, the and and an add, and gives the same bits unless u's
- * low half is 0x8000, a tie. A bf16 hold of one op whose only per-element
- * operand is a bf16 value (the for-loop's g * scale, p * (1 - lr * wd),
- * v * beta2, sqrt(v), d * (1 / bias_correction2_sqrt), d + eps) has 65536
- * possible inputs: tie_find finds such holds, and tie_check computes each
- * one's op on all 65536, with the code the loop runs, once per call; where
- * none rounds a tie, the loop rounds them half up (e->by_tie). Without
- * AVX-512 only: there a hold is four ops, and a large call looks the
- * denominator up. Returns how many it found. */
+ * low half is 0x8000, a tie. A bf16 hold of a product, quotient or square
+ * root whose only per-element operand is a bf16 value (the for-loop's
+ * p * (1 - lr * wd), v * beta2, sqrt(v), d * (1 / bias_correction2_sqrt))
+ * has 65536 possible inputs: tie_find finds such holds, and tie_check
+ * computes each one's op on all 65536, with the code the loop runs, once
+ * per call; where none rounds a tie, the loop rounds them half up
+ * (e->by_tie). Ties do occur: v * beta2 has 3062 with beta2 0.95, none
+ * with 0.999; d + bf16(eps), a sum of two bf16, has them every step, so
+ * sums are left out. Without AVX-512 only: there a hold is four ops, and
+ * a large call looks the denominator up. Returns how many it found. */
 static int tie_find(E *e) {
   const Graph *g = e->g;
   for (int i = 0; i < g->nins; i++)
@@ -1190,8 +1192,12 @@ static int tie_find(E *e) {
   if (e->avx512)
     return 0;
   int n = 0;
+  uint8_t *grad = calloc((size_t)g->nins + 1, 1); /* a grad, or a hold of one op on one */
+  ASSERT(grad);
   for (Ref h = e->ph->lo; h < e->ph->hi; h++) {
     const Ins *x = &g->ins[h];
+    if (x->op == OP_LOAD && g->bufs[x->buf].kind == BUF_GRAD)
+      grad[h] = 1;
     if (x->op != OP_CVT || x->type != TY_BF16 || !in_body(x))
       continue;
     const Ins *a = &g->ins[x->args[0]];
@@ -1212,11 +1218,21 @@ static int tie_find(E *e) {
       else
         src = r;
     }
+    /* not the grads, nor their holds of one op: scale_grads and the clip
+     * multiply them by a new value every step, and ties are common there
+     * (1 / num_tokens, a power of two, rounds 256 of the 65536 to a tie in
+     * the subnormals; the clip's coefficient is a bf16, whose products
+     * with a bf16 are exact) */
+    if (ok && src != NOREF && grad[g->ins[src].args[0]]) {
+      grad[h] = 1;
+      continue;
+    }
     if (ok && src != NOREF) {
       e->tie[h] = src;
       n++;
     }
   }
+  free(grad);
   return n;
 }
 
