@@ -36,7 +36,9 @@
  * - A step object may be run from one thread at a time; different step
  *   objects are independent. Compiled code is cached in memory and on disk
  *   ($XDG_CACHE_HOME/optc, or ~/.cache/optc; OPTC_CACHE=0 turns it off), so
- *   building the same step again takes well under a millisecond.
+ *   building the same step again takes well under a millisecond. The code
+ *   is for this CPU, or for the one OPTC_CPU names (an LLVM CPU name, e.g.
+ *   haswell: its AVX2 code on an AVX-512 machine).
  *
  * Versioning: the shared library's soname is liboptc.so.OPTC_ABI_VERSION;
  * it changes when this header changes incompatibly. */
