@@ -55,7 +55,7 @@ typedef struct {
   LLVMValueRef tab;      /* the table: 65536 f32 bits, tab_o's rounding for each bit pattern of tab_u */
   LLVMValueRef tab_ok;   /* NULL, or whether this call built it (it is large enough) */
   bool by_tab;           /* the loop being emitted looks tab_o up */
-  Ref *tie;              /* (nins) a hold tie_find took: the 16-bit-derived f32 its op reads, else 0 */
+  Ref *tie;              /* (nins) a hold tie_find took: the 16-bit-derived f32 its op reads, else NOREF */
   LLVMValueRef tie_ok;   /* NULL, or whether no such hold rounds a tie this call (tie_check) */
   bool by_tie;           /* the loop being emitted rounds those holds half up */
   bool half_up;          /* the hold being emitted does (bf16_round_sum) */
