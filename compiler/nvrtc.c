@@ -45,8 +45,17 @@ void cuda_program_report(const CudaProgram *p, Buf *out) {
       buf_printf(out, ", %3d registers, %d bytes spill stores, %d bytes spill loads, %d bytes stack", c->regs,
                  c->spill_stores, c->spill_loads, c->stack);
     else
-      buf_puts(out, ", registers unknown (PTX is compiled by the driver)");
+      buf_puts(out, p->cubin ? ", registers unknown (not in NVRTC's log)" : ", registers unknown (PTX is compiled by the driver)");
     buf_putc(out, '\n');
+  }
+  /* a cubin whose ptxas lines were not found: show what the log holds */
+  bool unknown = false;
+  for (int k = 0; k < p->nkernels; k++)
+    unknown |= p->kernels[k].regs < 0;
+  if (p->cubin && unknown) {
+    size_t len = p->log ? strlen(p->log) : 0;
+    buf_printf(out, "  NVRTC's log, %zu bytes%s\n%.*s%s", len, len > 2000 ? " (the first 2000)" : "",
+               (int)MIN(len, 2000), len ? p->log : "", len && p->log[MIN(len, 2000) - 1] != '\n' ? "\n" : "");
   }
 }
 
