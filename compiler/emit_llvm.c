@@ -66,6 +66,11 @@ typedef struct {
   bool no_tail;          /* this body's vector is in no tailpos remainder */
   bool avx512;           /* the target has AVX-512F (vrsqrt14ps) */
   bool avx512bw;         /* ... and AVX-512BW (vpermw): bf16 packed and widened in one op */
+  bool bf16cvt;          /* ... and AVX512-BF16 and DQ: vcvtneps2bf16 (the pipelined loop's fast pass) */
+  bool cvt_on;           /* the pass being emitted rounds stored bf16 by vcvtneps2bf16 (vec_loop) */
+  LLVMValueRef special;  /* ... and its lanes vcvtneps2bf16 does not round as numerics.h (NULL: none yet) */
+  LLVMValueRef *loads;   /* (nins) the fast pass's loads, which its exact redo reuses */
+  bool reuse_loads;      /* the redo being emitted takes its loads from loads */
   bool perm_ok;          /* without AVX-512: the phase may widen in lane_elem's order (perm_find) */
   bool perm;             /* ... and the body being emitted does: f32 lane d holds element lane_elem(d) */
   LLVMValueRef perm_pack, perm_widen, odd_words; /* vpermw's operands, loaded at entry */
@@ -634,6 +639,40 @@ static LLVMValueRef tailpos(E *e, LLVMValueRef regions) {
   return r;
 }
 
+/* Whether bf16 value i is stored: as itself, or as cvt(cvt(i) : f32) : bf16
+ * (a hold stored, which emit_round_bf16 gives i's words). */
+static bool is_stored(const E *e, Ref i) {
+  const Graph *g = e->g;
+  for (Ref k = i + 1; k < e->ph->hi; k++) {
+    if (g->ins[k].op != OP_STORE)
+      continue;
+    Ref a = g->ins[k].args[0];
+    const Ins *v = &g->ins[a];
+    if (a == i || (v->op == OP_CVT && g->ins[v->args[0]].op == OP_CVT && g->ins[v->args[0]].type == TY_F32 &&
+                   g->ins[v->args[0]].args[0] == i))
+      return true;
+  }
+  return false;
+}
+
+/* A stored bf16 in the pipelined loop's fast pass (vec_loop): vcvtneps2bf16
+ * rounds every finite normal f32 and infinity to nearest even, numerics.h's
+ * bits, in one op where the integer rounding and vpermw's pack are five.
+ * It treats a subnormal input as zero and keeps a NaN's payload: one
+ * vfpclassps marks those lanes in e->special, and an iteration with any
+ * is redone the exact way, its stores too, before it hands anything on. */
+static LLVMValueRef round_bf16_cvt(E *e, Ref i, LLVMValueRef f) {
+  LLVMBuilderRef b = e->b;
+  LLVMValueRef words = call_intrinsic(e, "llvm.x86.avx512bf16.cvtneps2bf16.512", NULL, 0, &f, 1);
+  words = LLVMBuildBitCast(b, words, vec(e->ti16, W), "");
+  LLVMValueRef args[2] = {f, LLVMConstInt(e->ti32, 0xa1, 0)}; /* QNaN | denormal | SNaN */
+  LLVMValueRef odd = call_intrinsic(e, "llvm.x86.avx512.fpclass.ps.512", NULL, 0, args, 2);
+  e->special = e->special ? LLVMBuildOr(b, e->special, odd, "") : odd;
+  /* what a later cvt back to f32 reads (exact where the lane is not special) */
+  e->rnd[i] = LLVMBuildBitCast(b, bf16_to_f32(e, words), vec(e->ti32, W), "");
+  return words;
+}
+
 /* cvt %v : bf16 (instruction i), the first half of a hold or a store's
  * rounding. The bf16 bits are numerics.h's. A later cvt back to f32 takes
  * the rounded f32 bits (rnd) instead of widening them again: the NaN case
@@ -647,6 +686,8 @@ static LLVMValueRef emit_round_bf16(E *e, Ref i, LLVMValueRef v, Type from) {
       (!in_body(&g->ins[y->args[0]]) || (e->fl[y->args[0]] & FL_CANON)))
     return operand_of(e, i, y->args[0]);
   LLVMValueRef f = from == TY_F64 ? LLVMBuildFPTrunc(b, v, vtype(e, TY_F32), "") : v;
+  if (e->cvt_on && is_stored(e, i))
+    return round_bf16_cvt(e, i, f);
   e->half_up = e->by_tie && e->tie[i] != NOREF;
   LLVMValueRef sum = bf16_round_sum(e, LLVMBuildBitCast(b, f, vec(e->ti32, W), ""));
   e->half_up = false;
@@ -1317,8 +1358,10 @@ static void emit_stage(E *e, LLVMValueRef *acc, int stage) {
   const PlanPhase *ph = e->ph;
   if (stage <= 0)
     for (Ref i = ph->lo; i < ph->hi; i++)
-      if (g->ins[i].op == OP_LOAD)
-        e->val[i] = load_vec(e, g->ins[i].buf);
+      if (g->ins[i].op == OP_LOAD) {
+        e->val[i] = e->reuse_loads ? e->loads[i] : load_vec(e, g->ins[i].buf);
+        e->loads[i] = e->val[i];
+      }
   int nred = 0;
   for (Ref i = ph->lo; i < ph->hi; i++) {
     const Ins *x = &g->ins[i];
@@ -1445,6 +1488,61 @@ static void pipe_iter(E *e, LLVMValueRef *acc, LLVMValueRef k, int lo, int hi, L
   e->mask = NULL;
 }
 
+/* The loop's iteration k with AVX512-BF16 (no reductions): a fast pass
+ * whose stored bf16 round by vcvtneps2bf16 (round_bf16_cvt), then, in
+ * the rare iteration where one of them met a NaN or a subnormal, the
+ * iteration again the exact way from the same loaded vectors and handed-on
+ * values: its stores are written again and what it hands on is the redo's.
+ * One branch an iteration, after everything, so the fast pass is one block
+ * for the scheduler (a branch at each rounding made the Zen 4 loop 25%
+ * slower than no vcvtneps2bf16 at all). */
+static void pipe_iter_cvt(E *e, LLVMValueRef fn, LLVMValueRef k, LLVMValueRef *h, LLVMValueRef *hr) {
+  LLVMBuilderRef b = e->b;
+  int ns = e->nstages, nx = e->ncross;
+  LLVMValueRef *in = calloc((size_t)(2 * ns * nx + 2 * nx + 1), sizeof(LLVMValueRef)), *fast = in + 2 * ns * nx;
+  ASSERT(in);
+  memcpy(in, h, sizeof(LLVMValueRef) * (size_t)(2 * ns * nx));
+  e->cvt_on = true;
+  e->special = NULL;
+  pipe_iter(e, NULL, k, 0, ns - 1, NULL, h, hr);
+  e->cvt_on = false;
+  if (!e->special) { /* nothing stored is bf16 */
+    free(in);
+    return;
+  }
+  memcpy(fast, h, sizeof(LLVMValueRef) * (size_t)nx);
+  memcpy(fast + nx, hr, sizeof(LLVMValueRef) * (size_t)nx);
+  LLVMValueRef any = LLVMBuildICmp(b, LLVMIntNE, LLVMBuildBitCast(b, e->special, e->ti16, ""),
+                                   LLVMConstInt(e->ti16, 0, 0), "");
+  LLVMBasicBlockRef at = LLVMGetInsertBlock(b);
+  LLVMBasicBlockRef redo = LLVMAppendBasicBlockInContext(e->c, fn, "pipe.exact");
+  LLVMBasicBlockRef join = LLVMAppendBasicBlockInContext(e->c, fn, "pipe.next");
+  LLVMValueRef br = LLVMBuildCondBr(b, any, redo, join);
+  LLVMMetadataRef w[3] = {LLVMMDStringInContext2(e->c, "branch_weights", 14),
+                          LLVMValueAsMetadata(LLVMConstInt(e->ti32, 1, 0)),
+                          LLVMValueAsMetadata(LLVMConstInt(e->ti32, 1 << 20, 0))};
+  LLVMSetMetadata(br, LLVMGetMDKindIDInContext(e->c, "prof", 4),
+                  LLVMMetadataAsValue(e->c, LLVMMDNodeInContext2(e->c, w, 3)));
+  LLVMPositionBuilderAtEnd(b, redo);
+  memcpy(h, in, sizeof(LLVMValueRef) * (size_t)(2 * ns * nx));
+  e->reuse_loads = true;
+  pipe_iter(e, NULL, k, 0, ns - 1, NULL, h, hr);
+  e->reuse_loads = false;
+  LLVMBasicBlockRef redo_end = LLVMGetInsertBlock(b);
+  LLVMBuildBr(b, join);
+  LLVMPositionBuilderAtEnd(b, join);
+  for (int q = 0; q < 2 * nx; q++) {
+    LLVMValueRef *slot = q < nx ? &h[q] : &hr[q - nx];
+    if (!fast[q] && !*slot)
+      continue;
+    ASSERT(fast[q] && *slot && LLVMTypeOf(fast[q]) == LLVMTypeOf(*slot));
+    LLVMValueRef p = LLVMBuildPhi(b, LLVMTypeOf(fast[q]), "");
+    LLVMAddIncoming(p, (LLVMValueRef[]){fast[q], *slot}, (LLVMBasicBlockRef[]){at, redo_end}, 2);
+    *slot = p;
+  }
+  free(in);
+}
+
 /* After an iteration: what was d back is d + 1 back. */
 static void pipe_shift(E *e, int ns, LLVMValueRef *h, LLVMValueRef *hr) {
   int nx = e->ncross;
@@ -1555,7 +1653,10 @@ static LLVMValueRef vec_loop(E *e, LLVMValueRef fn, LLVMValueRef len, bool piped
   LLVMPositionBuilderAtEnd(b, body);
   memcpy(h, ph, sizeof(LLVMValueRef) * (size_t)(2 * ns * nx));
   memcpy(acc, accphi, sizeof(LLVMValueRef) * (size_t)nred);
-  pipe_iter(e, acc, kphi, 0, ns - 1, NULL, h, hr);
+  if (e->bf16cvt && nred == 0)
+    pipe_iter_cvt(e, fn, kphi, h, hr);
+  else
+    pipe_iter(e, acc, kphi, 0, ns - 1, NULL, h, hr);
   pipe_shift(e, ns, h, hr);
   LLVMBasicBlockRef body_end = LLVMGetInsertBlock(b);
   LLVMValueRef knext = LLVMBuildAdd(b, kphi, one, "");
@@ -2021,7 +2122,9 @@ LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *fea
   const Plan *p = g->plan;
   ASSERT(p);
   E e = {.c = c, .g = g, .avx512 = features && strstr(features, "+avx512f"),
-         .avx512bw = features && strstr(features, "+avx512f") && strstr(features, "+avx512bw")};
+         .avx512bw = features && strstr(features, "+avx512f") && strstr(features, "+avx512bw"),
+         .bf16cvt = features && strstr(features, "+avx512f") && strstr(features, "+avx512bw") &&
+                    strstr(features, "+avx512bf16") && strstr(features, "+avx512dq")};
   e.m = LLVMModuleCreateWithNameInContext("optc", c);
   e.b = LLVMCreateBuilderInContext(c);
   e.tvoid = LLVMVoidTypeInContext(c);
@@ -2043,6 +2146,7 @@ LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *fea
   e.cscalar = calloc(n, sizeof(LLVMValueRef));
   e.csplat = calloc(n, sizeof(LLVMValueRef));
   e.rnd = calloc(n, sizeof(LLVMValueRef));
+  e.loads = calloc(n, sizeof(LLVMValueRef));
   e.lerp_w = calloc(n, sizeof(LLVMValueRef));
   e.lerp_lo = calloc(n, sizeof(LLVMValueRef));
   e.recip = calloc(n, sizeof(LLVMValueRef));
@@ -2069,6 +2173,7 @@ LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *fea
   free(e.cscalar);
   free(e.csplat);
   free(e.rnd);
+  free(e.loads);
   free(e.lerp_w);
   free(e.lerp_lo);
   free(e.recip);

@@ -54,17 +54,26 @@ typedef struct {
  * feature string, uses AVX-512 instructions (VRSQRT14PS) where the CPU has
  * them; LLVM's C API has no query for what a CPU name implies. All but the
  * Xeon Phis (knl, knm) also have AVX-512BW, which the emitter's bf16
- * conversions use (VPERMW). */
-static const char *const avx512_cpus[] = {
-    "knl", "knm", "skylake-avx512", "skx", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
-    "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids", "graniterapids",
-    "graniterapids-d", "diamondrapids", "znver4", "znver5", "x86-64-v4",
+ * conversions use (VPERMW), and DQ; those from cooperlake on have
+ * AVX512-BF16 as well (VCVTNEPS2BF16, for stored bf16). */
+static const struct {
+  const char *cpu, *features;
+} avx512_cpus[] = {
+    {"knl", "+avx512f"}, {"knm", "+avx512f"},
+#define BW "+avx512f,+avx512bw,+avx512dq"
+#define BF16 BW ",+avx512bf16"
+    {"skylake-avx512", BW}, {"skx", BW}, {"cascadelake", BW}, {"cooperlake", BF16}, {"cannonlake", BW},
+    {"icelake-client", BW}, {"icelake-server", BW}, {"tigerlake", BW}, {"rocketlake", BW},
+    {"sapphirerapids", BF16}, {"emeraldrapids", BF16}, {"graniterapids", BF16}, {"graniterapids-d", BF16},
+    {"diamondrapids", BF16}, {"znver4", BF16}, {"znver5", BF16}, {"x86-64-v4", BW},
+#undef BF16
+#undef BW
 };
 
 static char *named_cpu_features(const char *cpu) {
   for (size_t i = 0; i < ARRAY_LEN(avx512_cpus); i++)
-    if (strcmp(avx512_cpus[i], cpu) == 0)
-      return LLVMCreateMessage(i < 2 ? "+avx512f" : "+avx512f,+avx512bw");
+    if (strcmp(avx512_cpus[i].cpu, cpu) == 0)
+      return LLVMCreateMessage(avx512_cpus[i].features);
   return LLVMCreateMessage("");
 }
 

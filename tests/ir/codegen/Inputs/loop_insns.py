@@ -17,14 +17,16 @@ that rounds as the divide (all but rare steps) and one dividing (not
 pipelined, so larger), the first is what runs; and without AVX-512 a third
 may round holds half up where a per-call check finds no tie (fewer
 instructions again), which is what runs then. It prints the body's
-instruction count, its software prefetches, the
+instruction count (the fall-through path: blocks laid out past the loop's
+jump back are not counted), its software prefetches, the
 vector width in f32 lanes (16 for zmm, 8 for ymm), the elements one
 iteration covers (the step of the register its loads index by: 16, optc's
 vector, on both targets, so an AVX2 iteration is two ymm wide) and the
 instructions per element, prefetches left out (they use the load ports,
-not the vector ALUs), its divider ops and its gathers:
+not the vector ALUs), its divider ops, its gathers and its vcvtneps2bf16
+(AVX512-BF16's rounding, where optc uses it):
 
-    optc_phase1: loop .LBB1_11: 124 instructions, 4 prefetches, 16 lanes, 16 elements, 7.50 per element, 3 divider ops, 0 gathers
+    optc_phase1: loop .LBB1_11: 124 instructions, 4 prefetches, 16 lanes, 16 elements, 7.50 per element, 3 divider ops, 0 gathers, 0 cvtneps2bf16
 
 With --max F, exits 1 when a phase's figure is above F (--phase N: only that
 phase).
@@ -66,6 +68,11 @@ def loops(lines):
             m = re.match(r"^\s+j\w+\s+(\.LBB\d+_\d+)", ln)
             if m and m.group(1) in labels and labels[m.group(1)] < i:
                 spans[m.group(1)] = (labels[m.group(1)], i)
+        # A block laid out after a loop that jumps back into it (an unlikely
+        # branch's out-of-line path: the exact redo of an iteration whose
+        # vcvtneps2bf16 met a NaN or a subnormal) is not a loop of its own.
+        spans = {l: (lo, hi) for l, (lo, hi) in spans.items()
+                 if not any(lo2 < lo <= hi2 < hi for l2, (lo2, hi2) in spans.items() if l2 != l)}
         inner = []
         for label, (lo, hi) in spans.items():
             # innermost only: no other loop starts inside this one
@@ -106,7 +113,8 @@ def loops(lines):
                      if m and not m.group(1) and m.group(3) in per]
             prefetches = sum(x.lstrip().startswith("prefetch") for x in insns)
             gathers = sum(bool(re.match(r"^\s+v(p)?gather", x)) for x in insns)
-            yield fn, best[0], len(insns), prefetches, lanes, steps[0] if len(steps) == 1 else lanes, divs, gathers
+            cvts = sum(bool(re.match(r"^\s+vcvtneps2bf16\s", x)) for x in insns)
+            yield fn, best[0], len(insns), prefetches, lanes, steps[0] if len(steps) == 1 else lanes, divs, gathers, cvts
 
 
 def main():
@@ -116,13 +124,13 @@ def main():
     a = ap.parse_args()
     bad = False
     found = False
-    for fn, label, n, prefetches, lanes, elems, divs, gathers in loops(sys.stdin.read().splitlines()):
+    for fn, label, n, prefetches, lanes, elems, divs, gathers, cvts in loops(sys.stdin.read().splitlines()):
         if a.phase is not None and fn != f"optc_phase{a.phase}":
             continue
         found = True
         per = (n - prefetches) / elems
         print(f"{fn}: loop {label}: {n} instructions, {prefetches} prefetches, {lanes} lanes, {elems} elements, "
-              f"{per:.2f} per element, {divs} divider ops, {gathers} gathers")
+              f"{per:.2f} per element, {divs} divider ops, {gathers} gathers, {cvts} cvtneps2bf16")
         if a.max is not None and per > a.max:
             print(f"{fn}: {per:.2f} instructions per element is above {a.max}")
             bad = True
