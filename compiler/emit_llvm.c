@@ -655,6 +655,47 @@ static bool is_stored(const E *e, Ref i) {
   return false;
 }
 
+/* Whether a later op reads bf16 value i as f32 (other than to store it). */
+static bool read_back(const E *e, Ref i) {
+  const Graph *g = e->g;
+  for (Ref k = i + 1; k < e->ph->hi; k++) {
+    const Ins *w = &g->ins[k];
+    if (w->op != OP_CVT || w->args[0] != i || (w->type != TY_F32 && w->type != TY_F64))
+      continue;
+    for (Ref u = k + 1; u < e->ph->hi; u++) {
+      const Ins *x = &g->ins[u];
+      for (int a = 0; a < op_info[x->op].nargs; a++)
+        if (x->args[a] == k && !(x->op == OP_CVT && x->type == TY_BF16))
+          return true;
+    }
+  }
+  return false;
+}
+
+/* Whether the phase's loop takes the vcvtneps2bf16 fast pass: where every
+ * bf16 it stores is a rounding that nothing else reads (fused=True's bits).
+ * Where a stored value is also read back (the for-loop's exp_avg and
+ * exp_avg_sq), the pass saves less than its branch costs: on Zen 4 the
+ * Scout recipe's for-loop step went 2.24-2.60 -> 2.19-2.99 ms (2M params,
+ * one thread), and 2.10-2.24 with the branch left out. */
+static bool cvt_pays(const E *e) {
+  const Graph *g = e->g;
+  int n = 0;
+  for (Ref k = e->ph->lo; k < e->ph->hi; k++) {
+    const Ins *x = &g->ins[k];
+    if (x->op != OP_STORE || g->bufs[x->buf].type != TY_BF16)
+      continue;
+    Ref r = x->args[0];
+    const Ins *v = &g->ins[r];
+    if (v->op == OP_CVT && g->ins[v->args[0]].op == OP_CVT && g->ins[v->args[0]].type == TY_F32)
+      r = g->ins[v->args[0]].args[0];
+    if (g->ins[r].op != OP_CVT || g->ins[r].type != TY_BF16 || read_back(e, r))
+      return false;
+    n++;
+  }
+  return n > 0;
+}
+
 /* A stored bf16 in the pipelined loop's fast pass (vec_loop): vcvtneps2bf16
  * rounds every finite normal f32 and infinity to nearest even, numerics.h's
  * bits, in one op where the integer rounding and vpermw's pack are five.
@@ -686,7 +727,7 @@ static LLVMValueRef emit_round_bf16(E *e, Ref i, LLVMValueRef v, Type from) {
       (!in_body(&g->ins[y->args[0]]) || (e->fl[y->args[0]] & FL_CANON)))
     return operand_of(e, i, y->args[0]);
   LLVMValueRef f = from == TY_F64 ? LLVMBuildFPTrunc(b, v, vtype(e, TY_F32), "") : v;
-  if (e->cvt_on && is_stored(e, i))
+  if (e->cvt_on && is_stored(e, i) && !read_back(e, i))
     return round_bf16_cvt(e, i, f);
   e->half_up = e->by_tie && e->tie[i] != NOREF;
   LLVMValueRef sum = bf16_round_sum(e, LLVMBuildBitCast(b, f, vec(e->ti32, W), ""));
@@ -1653,7 +1694,7 @@ static LLVMValueRef vec_loop(E *e, LLVMValueRef fn, LLVMValueRef len, bool piped
   LLVMPositionBuilderAtEnd(b, body);
   memcpy(h, ph, sizeof(LLVMValueRef) * (size_t)(2 * ns * nx));
   memcpy(acc, accphi, sizeof(LLVMValueRef) * (size_t)nred);
-  if (e->bf16cvt && nred == 0)
+  if (e->bf16cvt && nred == 0 && cvt_pays(e))
     pipe_iter_cvt(e, fn, kphi, h, hr);
   else
     pipe_iter(e, acc, kphi, 0, ns - 1, NULL, h, hr);
