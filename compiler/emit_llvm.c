@@ -639,19 +639,21 @@ static LLVMValueRef tailpos(E *e, LLVMValueRef regions) {
   return r;
 }
 
-/* Whether bf16 value i is stored: as itself, or as cvt(cvt(i) : f32) : bf16
- * (a hold stored, which emit_round_bf16 gives i's words). */
+/* The value a store's words come from: its operand, or i where that is
+ * cvt(cvt(i) : f32) : bf16 (a hold stored, which emit_round_bf16 gives i's
+ * words). */
+static Ref stored_value(const Graph *g, const Ins *store) {
+  Ref a = store->args[0];
+  const Ins *v = &g->ins[a];
+  if (v->op == OP_CVT && g->ins[v->args[0]].op == OP_CVT && g->ins[v->args[0]].type == TY_F32)
+    return g->ins[v->args[0]].args[0];
+  return a;
+}
+
 static bool is_stored(const E *e, Ref i) {
-  const Graph *g = e->g;
-  for (Ref k = i + 1; k < e->ph->hi; k++) {
-    if (g->ins[k].op != OP_STORE)
-      continue;
-    Ref a = g->ins[k].args[0];
-    const Ins *v = &g->ins[a];
-    if (a == i || (v->op == OP_CVT && g->ins[v->args[0]].op == OP_CVT && g->ins[v->args[0]].type == TY_F32 &&
-                   g->ins[v->args[0]].args[0] == i))
+  for (Ref k = i + 1; k < e->ph->hi; k++)
+    if (e->g->ins[k].op == OP_STORE && stored_value(e->g, &e->g->ins[k]) == i)
       return true;
-  }
   return false;
 }
 
@@ -685,10 +687,7 @@ static bool cvt_pays(const E *e) {
     const Ins *x = &g->ins[k];
     if (x->op != OP_STORE || g->bufs[x->buf].type != TY_BF16)
       continue;
-    Ref r = x->args[0];
-    const Ins *v = &g->ins[r];
-    if (v->op == OP_CVT && g->ins[v->args[0]].op == OP_CVT && g->ins[v->args[0]].type == TY_F32)
-      r = g->ins[v->args[0]].args[0];
+    Ref r = stored_value(g, x);
     if (g->ins[r].op != OP_CVT || g->ins[r].type != TY_BF16 || read_back(e, r))
       return false;
     n++;
@@ -727,7 +726,7 @@ static LLVMValueRef emit_round_bf16(E *e, Ref i, LLVMValueRef v, Type from) {
       (!in_body(&g->ins[y->args[0]]) || (e->fl[y->args[0]] & FL_CANON)))
     return operand_of(e, i, y->args[0]);
   LLVMValueRef f = from == TY_F64 ? LLVMBuildFPTrunc(b, v, vtype(e, TY_F32), "") : v;
-  if (e->cvt_on && is_stored(e, i) && !read_back(e, i))
+  if (e->cvt_on && is_stored(e, i)) /* cvt_pays: nothing reads it back */
     return round_bf16_cvt(e, i, f);
   e->half_up = e->by_tie && e->tie[i] != NOREF;
   LLVMValueRef sum = bf16_round_sum(e, LLVMBuildBitCast(b, f, vec(e->ti32, W), ""));
