@@ -67,6 +67,7 @@ typedef struct {
   bool avx512;           /* the target has AVX-512F (vrsqrt14ps) */
   bool avx512bw;         /* ... and AVX-512BW (vpermw): bf16 packed and widened in one op */
   bool bf16cvt;          /* ... and AVX512-BF16 and DQ: vcvtneps2bf16 (the pipelined loop's fast pass) */
+  bool slow_gather;      /* an AMD CPU (znver*): no table (tab_find) */
   bool cvt_on;           /* the pass being emitted rounds stored bf16 by vcvtneps2bf16 (vec_loop) */
   LLVMValueRef special;  /* ... and its lanes vcvtneps2bf16 does not round as numerics.h (NULL: none yet) */
   LLVMValueRef *loads;   /* (nins) the fast pass's loads, which its exact redo reuses */
@@ -674,12 +675,15 @@ static bool read_back(const E *e, Ref i) {
   return false;
 }
 
-/* Whether the phase's loop takes the vcvtneps2bf16 fast pass: where every
- * bf16 it stores is a rounding that nothing else reads (fused=True's bits).
- * Where a stored value is also read back (the for-loop's exp_avg and
- * exp_avg_sq), the pass saves less than its branch costs: on Zen 4 the
- * Scout recipe's for-loop step went 2.24-2.60 -> 2.19-2.99 ms (2M params,
- * one thread), and 2.10-2.24 with the branch left out. */
+/* Whether the loop being emitted takes the vcvtneps2bf16 fast pass: where
+ * every bf16 it stores is a rounding (fused=True's bits; the for-loop's
+ * too, whose exp_avg and exp_avg_sq are read back, widened from the
+ * words: one vpermw for the integer rounding's four ops). Not in the loop
+ * that looks the denominator up (tab_find), where the gather held the
+ * for-loop back all the same: on Zen 4 the Scout recipe's step went
+ * 2.24-2.60 -> 2.19-2.99 ms (2M params, one thread). Without the table,
+ * AdamW bf16's for-loop bits, 16M params on two threads: 8.2-10.2 ->
+ * 7.6-8.2 ms, where fused bits took 7.3-8.0. */
 static bool cvt_pays(const E *e) {
   const Graph *g = e->g;
   int n = 0;
@@ -688,7 +692,7 @@ static bool cvt_pays(const E *e) {
     if (x->op != OP_STORE || g->bufs[x->buf].type != TY_BF16)
       continue;
     Ref r = stored_value(g, x);
-    if (g->ins[r].op != OP_CVT || g->ins[r].type != TY_BF16 || read_back(e, r))
+    if (g->ins[r].op != OP_CVT || g->ins[r].type != TY_BF16 || (e->by_tab && read_back(e, r)))
       return false;
     n++;
   }
@@ -726,7 +730,7 @@ static LLVMValueRef emit_round_bf16(E *e, Ref i, LLVMValueRef v, Type from) {
       (!in_body(&g->ins[y->args[0]]) || (e->fl[y->args[0]] & FL_CANON)))
     return operand_of(e, i, y->args[0]);
   LLVMValueRef f = from == TY_F64 ? LLVMBuildFPTrunc(b, v, vtype(e, TY_F32), "") : v;
-  if (e->cvt_on && is_stored(e, i)) /* cvt_pays: nothing reads it back */
+  if (e->cvt_on && is_stored(e, i)) /* cvt_pays */
     return round_bf16_cvt(e, i, f);
   e->half_up = e->by_tie && e->tie[i] != NOREF;
   LLVMValueRef sum = bf16_round_sum(e, LLVMBuildBitCast(b, f, vec(e->ti32, W), ""));
@@ -1103,8 +1107,13 @@ static void tab_find(E *e) {
   e->tab_u = e->tab_o = NOREF;
   memset(e->intab, 0, (size_t)g->nins);
   /* AVX-512 only: where AVX2's gathers are slow (Haswell, Zen 3) LLVM
-   * makes scalar loads of them, and no AVX2 machine here measures it */
-  if (!e->avx512)
+   * makes scalar loads of them, and no AVX2 machine here measures it. Nor
+   * on AMD's AVX-512 (Zen 4): a zmm vpgatherdd is ~32 cycles there, and
+   * runs beside nothing, so the loop that divides is the faster (Zen 4,
+   * AdamW bf16, 1M params, one thread: 3.29-4.06 -> 2.91-3.24 cycles per
+   * element; 16M on two threads, 8.8-10.4 -> 8.2-10.2 ms), and faster
+   * again with vcvtneps2bf16 (cvt_pays) */
+  if (!e->avx512 || e->slow_gather)
     return;
   uint8_t *cone = calloc((size_t)g->nins + 1, 2), *anc = cone + g->nins;
   ASSERT(cone);
@@ -2158,13 +2167,14 @@ static void emit_phase(E *e, int k) {
   LLVMBuildRetVoid(b);
 }
 
-LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *features) {
+LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *cpu, const char *features) {
   const Plan *p = g->plan;
   ASSERT(p);
   E e = {.c = c, .g = g, .avx512 = features && strstr(features, "+avx512f"),
          .avx512bw = features && strstr(features, "+avx512f") && strstr(features, "+avx512bw"),
          .bf16cvt = features && strstr(features, "+avx512f") && strstr(features, "+avx512bw") &&
-                    strstr(features, "+avx512bf16") && strstr(features, "+avx512dq")};
+                    strstr(features, "+avx512bf16") && strstr(features, "+avx512dq"),
+         .slow_gather = cpu && strncmp(cpu, "znver", 5) == 0};
   e.m = LLVMModuleCreateWithNameInContext("optc", c);
   e.b = LLVMCreateBuilderInContext(c);
   e.tvoid = LLVMVoidTypeInContext(c);

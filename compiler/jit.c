@@ -130,7 +130,7 @@ static bool optimize_module(LLVMModuleRef m, LLVMTargetMachineRef tm, CompileTim
 static LLVMModuleRef build(const Graph *g, LLVMContextRef c, LLVMTargetMachineRef tm, const Target *t, bool optimize,
                            CompileTimes *times) {
   double t0 = now_seconds();
-  LLVMModuleRef m = llvm_emit_module(g, c, t->features);
+  LLVMModuleRef m = llvm_emit_module(g, c, t->cpu, t->features);
   LLVMSetTarget(m, t->triple);
   LLVMTargetDataRef dl = LLVMCreateTargetDataLayout(tm);
   char *dls = LLVMCopyStringRepOfTargetData(dl);
