@@ -36,7 +36,8 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --prebuilt) [ $# -ge 2 ] || { echo "gpu_check.sh: --prebuilt needs a folder" >&2; exit 2; }
-                PREBUILT=$(cd "$2" && pwd) || exit 2; shift ;;
+                [ -d "$2" ] || { echo "gpu_check.sh: --prebuilt: no folder '$2' (bench/gpu_pack.sh makes .gpu)" >&2; exit 2; }
+                PREBUILT=$(cd "$2" && pwd); shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu_check.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac

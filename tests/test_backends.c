@@ -22,7 +22,9 @@
  *   body on the same data (its stores of every NaN and Inf). Again on 9
  *   times the patterns at three steps, where each thread's call is large
  *   enough that on AVX-512 the kernel looks the whole denominator up in a
- *   table it computes for all 65536 exp_avg_sq (emit_llvm.c, tab_find), and
+ *   table it computes for all 65536 exp_avg_sq (emit_llvm.c, tab_find; an
+ *   AMD CPU's code has none, so skylake-avx512's runs too where the host
+ *   can run it), and
  *   haswell's code rounds its holds of one op half up where none of their
  *   65536 inputs is a tie, at two of them, and to even at the third,
  *   whose exp_avg_sq * beta2 has ties (tie_find). */
@@ -301,14 +303,21 @@ static void test_recip(void) {
              fused ? "True" : "False", cpus[ci % 2]);
     Graph *g = build_recipe(yaml, arena);
     ASSERT(g && pipeline_run(g, &(PipelineOptions){0}));
-    CpuProgram *progs[2] = {cpu_compile(g, &(CpuTarget){.no_cache = true}, NULL),
+    /* and, for the table, an Intel AVX-512 CPU's code where this one runs
+     * it: an AMD CPU's own has no table (emit_llvm.c, tab_find) */
+    static const char *const code[3] = {"this CPU's", "haswell", "skylake-avx512"};
+    CpuProgram *progs[3] = {cpu_compile(g, &(CpuTarget){.no_cache = true}, NULL),
                             cpu_compile(g, &(CpuTarget){.cpu = "haswell", .no_cache = true}, NULL)};
-    ASSERT(progs[0] && progs[1]);
+    int nprogs = 2;
+    if (big && __builtin_cpu_supports("avx512bw"))
+      progs[nprogs++] = cpu_compile(g, &(CpuTarget){.cpu = "skylake-avx512", .no_cache = true}, NULL);
+    for (int k = 0; k < nprogs; k++)
+      ASSERT(progs[k]);
     int64_t numel = big ? NT : N;
     GroupLayout l;
     layout_init(&l, 1, &numel);
     ThreadPool *pool = pool_create(2);
-    void *init[8], *bufs[3][8];
+    void *init[8], *bufs[4][8];
     rng = 7;
     for (int b = 0; b < g->nbufs; b++) {
       size_t bytes = (size_t)l.total * (size_t)type_size(g->bufs[b].type);
@@ -324,7 +333,7 @@ static void test_recip(void) {
         if (i % 16 == 5 && !sq)
           h[i] = g->bufs[b].kind == BUF_PARAM ? (uint16_t)(((i >> 4) & 0x7f) | (((i >> 11) & 1) << 15)) : 0;
       }
-      for (int k = 0; k < 3; k++)
+      for (int k = 0; k < 4; k++)
         bufs[k][b] = alloc64(bytes);
     }
     Ref sref = graph_find_input(g, "step"), bref = graph_find_input(g, "beta2");
@@ -341,18 +350,18 @@ static void test_recip(void) {
       vals[bref] = steps[si].beta2;
       bool mul = recip_rounds_same((float)sqrt(1.0 - pow(steps[si].beta2, steps[si].step)));
       by_kind[mul] += !fused && !big;
-      for (int k = 0; k < 3; k++)
+      for (int k = 0; k <= nprogs; k++)
         for (int b = 0; b < g->nbufs; b++)
           memcpy(bufs[k][b], init[b], (size_t)l.total * (size_t)type_size(g->bufs[b].type));
       StepArgs args = {vals, 1};
       StepResult r;
       interp_step(g, &l, bufs[0], &args, &r);
-      for (int k = 0; k < 2; k++) {
+      for (int k = 0; k < nprogs; k++) {
         cpu_step(progs[k], pool, g, &l, bufs[k + 1], &args, &r);
         char what[128];
         snprintf(what, sizeof what, "recip: %s, torch_cpu %s, beta2 %g, step %d (%s), %s code",
                  fused ? "fused" : "for-loop", cpus[ci % 2], steps[si].beta2, steps[si].step,
-                 fused ? "divides" : big ? "table" : mul ? "multiplies" : "divides", k ? "haswell" : "this CPU's");
+                 fused ? "divides" : big ? "table" : mul ? "multiplies" : "divides", code[k]);
         bool same = same_bytes(g, l.total, bufs[0], bufs[k + 1], what);
         CHECK(same, "%s: the kernel differs from the interpreter", what);
         ok &= same;
@@ -364,13 +373,13 @@ static void test_recip(void) {
            ok ? "identical" : "DIFFERENT");
     for (int b = 0; b < g->nbufs; b++) {
       free(init[b]);
-      for (int k = 0; k < 3; k++)
+      for (int k = 0; k < 4; k++)
         free(bufs[k][b]);
     }
     pool_free(pool);
     layout_free(&l);
-    cpu_program_free(progs[0]);
-    cpu_program_free(progs[1]);
+    for (int k = 0; k < nprogs; k++)
+      cpu_program_free(progs[k]);
     arena_free(arena);
   }
   /* both of the kernel's loops ran */
