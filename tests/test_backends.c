@@ -361,7 +361,7 @@ static void test_recip(void) {
         char what[128];
         snprintf(what, sizeof what, "recip: %s, torch_cpu %s, beta2 %g, step %d (%s), %s code",
                  fused ? "fused" : "for-loop", cpus[ci % 2], steps[si].beta2, steps[si].step,
-                 fused ? "divides" : big ? "table" : mul ? "multiplies" : "divides", code[k]);
+                 fused ? "divides" : big ? "a large call: table, or half up" : mul ? "multiplies" : "divides", code[k]);
         bool same = same_bytes(g, l.total, bufs[0], bufs[k + 1], what);
         CHECK(same, "%s: the kernel differs from the interpreter", what);
         ok &= same;
