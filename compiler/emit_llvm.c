@@ -1273,16 +1273,17 @@ static void tab_build(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef n
  * per call; where none rounds a tie, the loop rounds them half up
  * (e->by_tie). Ties do occur: v * beta2 has 3062 with beta2 0.95, none
  * with 0.999; d + bf16(eps), a sum of two bf16, has them every step, so
- * sums are left out. Not where the phase has a table (tab_find), whose
- * loop subsumes the denominator's holds; so on AVX-512 only on an AMD CPU
- * or where no table is found. A hold is four ops there (two on this
- * path): AdamW bf16's for-loop bits on Zen 4, 1M params, one thread,
- * 2.80-3.12 -> 2.31-2.54 cycles per element. Returns how many it found. */
+ * sums are left out. Without AVX-512 (a hold is five ops there), and on
+ * AMD's AVX-512, which has no table (tab_find) and where a hold is four:
+ * AdamW bf16's for-loop bits on Zen 4, 1M params, one thread, 2.80-3.12
+ * -> 2.31-2.54 cycles per element. Not on Intel's, unmeasured there: its
+ * large calls look the denominator up, which subsumes most of the holds.
+ * Returns how many it found. */
 static int tie_find(E *e) {
   const Graph *g = e->g;
   for (int i = 0; i < g->nins; i++)
     e->tie[i] = NOREF;
-  if (e->avx512 && e->tab_o != NOREF)
+  if (e->avx512 && !e->slow_gather)
     return 0;
   int n = 0;
   uint8_t *grad = calloc((size_t)g->nins + 1, 1); /* a grad, or a hold of one op on one */
