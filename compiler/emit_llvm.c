@@ -67,7 +67,7 @@ typedef struct {
   bool avx512;           /* the target has AVX-512F (vrsqrt14ps) */
   bool avx512bw;         /* ... and AVX-512BW (vpermw): bf16 packed and widened in one op */
   bool bf16cvt;          /* ... and AVX512-BF16 and DQ: vcvtneps2bf16 (the pipelined loop's fast pass) */
-  bool slow_gather;      /* an AMD CPU (znver*): no table (tab_find) */
+  bool slow_gather;      /* an AMD CPU (znver*): no table (tab_find), holds half up (tie_find) */
   bool cvt_on;           /* the pass being emitted rounds stored bf16 by vcvtneps2bf16 (vec_loop) */
   LLVMValueRef special;  /* ... and its lanes vcvtneps2bf16 does not round as numerics.h (NULL: none yet) */
   LLVMValueRef *loads;   /* (nins) the fast pass's loads, which its exact redo reuses */
