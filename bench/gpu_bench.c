@@ -1,7 +1,7 @@
 /* gpu_bench: optc's compiled step on a GPU, for bench/gpu_check.sh.
  *
  *   gpu_bench [--params N] [--layout fp32|bf16|bf16-fp32states] [--no-clip]
- *             [--reps N] [--json FILE]
+ *             [--reps N] [--json FILE] [--threads N] [--red-threads N] [--min-blocks N]
  *
  * Scale_grads, clip_grad_norm (max_norm 1.0) and AdamW over N parameters
  * (default 2^30) in the tensor mix gpu_torch.py uses, the buffers filled
@@ -9,9 +9,11 @@
  * compile (emit + NVRTC) and a disk-cache hit, each kernel's registers,
  * the median wall time of a step (host step values, launches, partials
  * back, folded, synchronized) and of its kernels alone (events), the
- * traffic model's bytes per element, and the device-to-device copy
- * bandwidth measured in the same run, the ceiling a streaming step can
- * reach. */
+ * traffic model's bytes per element, each kernel's own time and GB/s,
+ * and the device-to-device copy bandwidth measured in the same run, the
+ * ceiling a streaming step can reach. --threads, --red-threads and
+ * --min-blocks set the emitter's launch shape (CudaTarget), to compare
+ * shapes on one device (bench/gpu_shapes.sh). */
 #include "../compiler/gpu.h"
 #include "../compiler/passes.h"
 #include "../runtime/rt.h"
@@ -83,6 +85,7 @@ int main(int argc, char **argv) {
   const char *layout = "fp32", *json = NULL;
   bool clip = true;
   int reps = 10;
+  CudaTarget shape = {.no_cache = true};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--params") && i + 1 < argc)
       params = (int64_t)strtod(argv[++i], NULL);
@@ -94,9 +97,15 @@ int main(int argc, char **argv) {
       json = argv[++i];
     else if (!strcmp(argv[i], "--no-clip"))
       clip = false;
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+      shape.threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--red-threads") && i + 1 < argc)
+      shape.red_threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--min-blocks") && i + 1 < argc)
+      shape.min_blocks = atoi(argv[++i]);
     else {
       fprintf(stderr, "usage: gpu_bench [--params N] [--layout fp32|bf16|bf16-fp32states] [--no-clip] [--reps N] "
-                      "[--json FILE]\n");
+                      "[--json FILE] [--threads N] [--red-threads N] [--min-blocks N]\n");
       return 2;
     }
   }
@@ -130,8 +139,10 @@ int main(int argc, char **argv) {
 
   /* compile: cold (no cache), then a cache hit */
   CompileTimes cold = {0}, warm = {0};
-  CudaProgram *prog = cuda_compile(g, &(CudaTarget){.no_cache = true}, &cold);
-  CudaProgram *again = prog ? cuda_compile(g, NULL, &warm) : NULL;
+  CudaProgram *prog = cuda_compile(g, &shape, &cold);
+  CudaTarget cached = shape;
+  cached.no_cache = false;
+  CudaProgram *again = prog ? cuda_compile(g, &cached, &warm) : NULL;
   if (!prog)
     return 1;
   cuda_program_free(again);
@@ -155,7 +166,9 @@ int main(int argc, char **argv) {
   if (inputs_resolve(g, sets, 1, &first, 1, vals) != 0 || fill(x, g, &l, 1e-3 * num_tokens) != 0)
     return 1;
   Ref sref = graph_find_input(g, "step");
+  int np = g->plan->nphases;
   double *wall = calloc((size_t)reps, sizeof(double)), *kern = calloc((size_t)reps, sizeof(double));
+  double *phase = calloc((size_t)reps * (size_t)np, sizeof(double)); /* [k * reps + i] */
   cuda_exec_profile(x, true);
   double red = 0;
   bool skipped = false;
@@ -168,14 +181,19 @@ int main(int argc, char **argv) {
     if (cuda_step(x, &args, &res) != 0)
       return 1;
     double ms = (now_seconds() - t0) * 1e3;
-    if (i >= 0)
+    if (i >= 0) {
       wall[i] = ms, kern[i] = cuda_exec_kernel_ms(x);
+      for (int k = 0; k < np; k++)
+        phase[k * reps + i] = cuda_exec_phase_ms(x, k);
+    }
     red = res.nred ? res.red[0] : 0;
     skipped |= res.skipped;
   }
   qsort(wall, (size_t)reps, sizeof(double), cmp_double);
   qsort(kern, (size_t)reps, sizeof(double), cmp_double);
   double wall_ms = wall[reps / 2], kern_ms = kern[reps / 2];
+  for (int k = 0; k < np; k++)
+    qsort(phase + k * reps, (size_t)reps, sizeof(double), cmp_double);
 
   /* the copy ceiling, on buffers as large as the largest flat buffer (at most 4 GiB) */
   size_t cbytes = MIN((size_t)l.total * 4, (size_t)4 << 30);
@@ -196,6 +214,11 @@ int main(int argc, char **argv) {
          wall_ms, bytes / (wall_ms * 1e6), kern_ms, bytes / (kern_ms * 1e6), copy_gbs,
          100 * bytes / (wall_ms * 1e6) / copy_gbs, 100 * bytes / (kern_ms * 1e6) / copy_gbs,
          skipped ? " (SKIPPED steps: non-finite)" : "");
+  for (int k = 0; k < np; k++) {
+    double ms = phase[k * reps + reps / 2], pb = (double)g->plan->phases[k].bytes_per_element * (double)params;
+    printf("  phase %d: %.3f ms, %d bytes/element, %.0f GB/s (%.0f%% of copy)\n", k, ms,
+           g->plan->phases[k].bytes_per_element, pb / (ms * 1e6), 100 * pb / (ms * 1e6) / copy_gbs);
+  }
   if (json) {
     FILE *f = fopen(json, "a");
     if (!f) {
@@ -205,9 +228,14 @@ int main(int argc, char **argv) {
     fprintf(f,
             "{\"variant\": \"optc\", \"layout\": \"%s\", \"clip\": %s, \"params\": %lld, \"tensors\": %d, "
             "\"bytes_per_element\": %d, \"ms\": %.6f, \"kernel_ms\": %.6f, \"copy_GBps\": %.3f, "
-            "\"compile_ms\": %.3f, \"cache_hit_ms\": %.3f, \"grad_sumsq\": %.17g, \"device\": \"%s\"}\n",
+            "\"compile_ms\": %.3f, \"cache_hit_ms\": %.3f, \"grad_sumsq\": %.17g, \"threads\": %d, "
+            "\"red_threads\": %d, \"min_blocks\": %d, \"phase_ms\": [",
             layout, clip ? "true" : "false", (long long)params, n, g->plan->bytes_per_element, wall_ms, kern_ms,
-            copy_gbs, cold.build + cold.codegen, warm.build + warm.codegen, red, desc);
+            copy_gbs, cold.build + cold.codegen, warm.build + warm.codegen, red, shape.threads, shape.red_threads,
+            shape.min_blocks);
+    for (int k = 0; k < np; k++)
+      fprintf(f, "%s%.6f", k ? ", " : "", phase[k * reps + reps / 2]);
+    fprintf(f, "], \"device\": \"%s\"}\n", desc);
     fclose(f);
   }
   cuda_exec_free(x);
@@ -218,6 +246,7 @@ int main(int argc, char **argv) {
   free(vals);
   free(wall);
   free(kern);
+  free(phase);
   arena_free(arena);
   return skipped ? 1 : 0;
 }

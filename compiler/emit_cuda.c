@@ -5,21 +5,26 @@
  *   extern "C" __global__ void optc_phaseK(const OptcChunk *chunks, long long nchunks,
  *       void *const *bufs, const OptcScalar *step, const OptcScalar *tvals, double *partials)
  *
- * One thread block runs one chunk (at most OPTC_REDUCE_BLOCK = 4096
- * elements of one tensor), so one launch covers every tensor of the group.
- * Thread t takes 8 consecutive elements (j = 8t, 8t + 8 * threads, ...):
- * one 16-byte vector of bf16, two of f32, when every pointer of the chunk
- * is 16-byte aligned and all 8 are in the chunk; one by one otherwise, and
- * the tail stores only what is in the chunk.
+ * over chunks of at most OPTC_REDUCE_BLOCK = 4096 elements of one tensor,
+ * so one launch covers every tensor of the group.
  *
- * Element j of a chunk goes to lane j % 8 of a reduction, each lane summed
- * in element order in f64, the lanes combined by numerics.h's
- * optc_lanes_combine: the interpreter's bits. Each thread writes its
- * reduction operands to shared memory, lane-major ([lane][j / 8], rows
- * padded by one against bank conflicts); after a barrier, eight threads
- * (one warp per reduction) sum their lane in order, and one thread writes
- * the chunk's partial. A chunk whose staging does not fit in 40 KiB is
- * staged in segments, one barrier round each.
+ * An element-wise phase runs one chunk per block (128 threads). Thread t
+ * takes 8 consecutive elements (j = 8t, 8t + 8 * threads, ...): when every
+ * pointer of the chunk is 16-byte aligned and all 8 are in the chunk, one
+ * 16-byte vector of bf16 (two of f32) per buffer, every load of the
+ * iteration issued before the first is used, with the streaming cache hint
+ * (ld.global.cs, st.global.cs); else one by one, the tail storing only
+ * what is in the chunk. Each buffer's pointer is loaded once per chunk.
+ *
+ * A phase with reductions runs 16 chunks per block, 8 threads per chunk:
+ * element j of a chunk goes to lane j % 8 of each reduction, and lane l is
+ * thread l's own chain, elements l, l + 8, l + 16, ... summed in element
+ * order in f64. The 8 lanes meet in shared memory, and numerics.h's
+ * optc_lanes_combine makes the chunk's partial: the interpreter's bits.
+ * A chain of 512 dependent adds is slow alone; with one chain per thread,
+ * as many run at once as threads do (on an H200 the norm pass went from a
+ * block per chunk, 8 of its 128 threads summing staged values, to memory
+ * speed in fp32).
  *
  * Every op is the IEEE op the interpreter performs: NVRTC compiles with
  * --fmad=false --prec-div=true --prec-sqrt=true, f16 rounding and the
@@ -33,8 +38,8 @@
  * The text is table-driven (op_fmt, and the Lang target description) and
  * stable: a value used once is inlined into its user, any other gets a
  * name from its SSA name (v_<name>; x_ loads, s_ step values, t_ tensor
- * values, o_ stores, st_ staged reduction operands), so expected-output
- * files diff cleanly. */
+ * values, o_ stores, a_ a lane's accumulator, ln_ the lanes of a block),
+ * so expected-output files diff cleanly. */
 #include "gpu.h"
 
 #include <string.h>
@@ -122,6 +127,7 @@ static const char helpers[] =
     "OPTC_FN double optc_signd(double x) { return (double)((0.0 < x) - (x < 0.0)); }\n"
 
     "OPTC_FN bool optc_isfinite(double x) { return fabs(x) <= 1.7976931348623157e308; }\n"
+    "OPTC_FN double optc_sqd(double x) { return x * x; }\n"
     "OPTC_FN long long optc_to_int(double d, bool i32) {\n"
     "  const double lo = i32 ? -2147483648.0 : -9223372036854775808.0;\n"
     "  const double hi = i32 ? 2147483647.0 : 9223372036854775807.0;\n"
@@ -158,88 +164,99 @@ static const char helpers[] =
     "  const uint32_t r = optc_cvt_bf16x2(f, 0.0f);\n"
     "  return optc_bits_f32(f != f ? (optc_f32_bits(f) & 0x80000000u) | 0x7fc00000u : r);\n"
     "}\n"
+    "OPTC_FN float optc_bf16_hold_any(float f) { return optc_bits_f32(optc_cvt_bf16x2(f, 0.0f)); }\n"
     "#else\n"
     "OPTC_FN uint16_t optc_bf16_rn(float f) { return optc_f32_to_bf16(f); }\n"
     "OPTC_FN float optc_bf16_hold(float f) { return optc_bf16_to_f32(optc_f32_to_bf16(f)); }\n"
+    "OPTC_FN float optc_bf16_hold_any(float f) { return optc_bf16_hold(f); }\n"
     "#endif\n"
     "/* a held f32 (its low half zero, a NaN 0x7fc0 | sign) as its bf16 */\n"
     "OPTC_FN uint16_t optc_bf16_bits(float f) { return (uint16_t)(optc_f32_bits(f) >> 16); }\n"
     "\n"
-    "/* 8 elements at p: 16-byte vectors when vec (every pointer of the chunk\n"
-    " * aligned) and all 8 are in the chunk; else the first n one by one, and\n"
-    " * the rest read as 0 and never stored. */\n"
+    "/* 8 elements at p. optc_vload8 and optc_vstore8: 16-byte vectors, p\n"
+    " * 16-byte aligned, in the global space with the streaming hint (each\n"
+    " * element is read once and written once: evict first); the host's\n"
+    " * plain accesses in tests/cuda_emu.h. optc_load8 and optc_store8: the\n"
+    " * first n one by one, the rest read as 0 and never stored. */\n"
+    "#ifdef __CUDA_ARCH__\n"
+    "#define OPTC_LDV(p) __ldcs(p)\n"
+    "#define OPTC_STV(p, v) __stcs(p, v)\n"
+    "#else\n"
+    "#define OPTC_LDV(p) (*(p))\n"
+    "#define OPTC_STV(p, v) (*(p) = (v))\n"
+    "#endif\n"
     "OPTC_FN bool optc_aligned16(const void *p) { return ((unsigned long long)p & 15u) == 0; }\n"
     "\n"
-    "OPTC_FN void optc_load8_f32(float *d, const float *p, int n, bool vec) {\n"
-    "  if (vec && n == 8) {\n"
-    "    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];\n"
-    "    d[0] = a.x, d[1] = a.y, d[2] = a.z, d[3] = a.w, d[4] = b.x, d[5] = b.y, d[6] = b.z, d[7] = b.w;\n"
-    "    return;\n"
+    "OPTC_FN void optc_vload8_f32(float *d, const float *p) {\n"
+    "  const float4 a = OPTC_LDV((const float4 *)p), b = OPTC_LDV((const float4 *)p + 1);\n"
+    "  d[0] = a.x, d[1] = a.y, d[2] = a.z, d[3] = a.w, d[4] = b.x, d[5] = b.y, d[6] = b.z, d[7] = b.w;\n"
+    "}\n"
+    "\n"
+    "OPTC_FN void optc_vstore8_f32(float *p, const float *d) {\n"
+    "  OPTC_STV((float4 *)p, make_float4(d[0], d[1], d[2], d[3]));\n"
+    "  OPTC_STV((float4 *)p + 1, make_float4(d[4], d[5], d[6], d[7]));\n"
+    "}\n"
+    "\n"
+    "OPTC_FN void optc_vload8_u16(unsigned short *d, const unsigned short *p) {\n"
+    "  const uint4 q = OPTC_LDV((const uint4 *)p);\n"
+    "  d[0] = (unsigned short)q.x, d[1] = (unsigned short)(q.x >> 16);\n"
+    "  d[2] = (unsigned short)q.y, d[3] = (unsigned short)(q.y >> 16);\n"
+    "  d[4] = (unsigned short)q.z, d[5] = (unsigned short)(q.z >> 16);\n"
+    "  d[6] = (unsigned short)q.w, d[7] = (unsigned short)(q.w >> 16);\n"
+    "}\n"
+    "\n"
+    "OPTC_FN void optc_vstore8_u16(unsigned short *p, const unsigned short *d) {\n"
+    "  OPTC_STV((uint4 *)p, make_uint4(d[0] | (unsigned)d[1] << 16, d[2] | (unsigned)d[3] << 16,\n"
+    "                                  d[4] | (unsigned)d[5] << 16, d[6] | (unsigned)d[7] << 16));\n"
+    "}\n"
+    "\n"
+    "OPTC_FN void optc_vload8_f64(double *d, const double *p) {\n"
+    "#pragma unroll\n"
+    "  for (int k = 0; k < 4; k++) {\n"
+    "    const double2 a = OPTC_LDV((const double2 *)p + k);\n"
+    "    d[2 * k] = a.x, d[2 * k + 1] = a.y;\n"
     "  }\n"
+    "}\n"
+    "\n"
+    "OPTC_FN void optc_vstore8_f64(double *p, const double *d) {\n"
+    "#pragma unroll\n"
+    "  for (int k = 0; k < 4; k++)\n"
+    "    OPTC_STV((double2 *)p + k, make_double2(d[2 * k], d[2 * k + 1]));\n"
+    "}\n"
+    "\n"
+    "OPTC_FN void optc_load8_f32(float *d, const float *p, int n) {\n"
     "#pragma unroll\n"
     "  for (int e = 0; e < 8; e++)\n"
     "    d[e] = e < n ? p[e] : 0.0f;\n"
     "}\n"
     "\n"
-    "OPTC_FN void optc_store8_f32(float *p, const float *d, int n, bool vec) {\n"
-    "  if (vec && n == 8) {\n"
-    "    ((float4 *)p)[0] = make_float4(d[0], d[1], d[2], d[3]);\n"
-    "    ((float4 *)p)[1] = make_float4(d[4], d[5], d[6], d[7]);\n"
-    "    return;\n"
-    "  }\n"
+    "OPTC_FN void optc_store8_f32(float *p, const float *d, int n) {\n"
     "#pragma unroll\n"
     "  for (int e = 0; e < 8; e++)\n"
     "    if (e < n)\n"
     "      p[e] = d[e];\n"
     "}\n"
     "\n"
-    "OPTC_FN void optc_load8_u16(unsigned short *d, const unsigned short *p, int n, bool vec) {\n"
-    "  if (vec && n == 8) {\n"
-    "    const uint4 q = *(const uint4 *)p;\n"
-    "    d[0] = (unsigned short)q.x, d[1] = (unsigned short)(q.x >> 16);\n"
-    "    d[2] = (unsigned short)q.y, d[3] = (unsigned short)(q.y >> 16);\n"
-    "    d[4] = (unsigned short)q.z, d[5] = (unsigned short)(q.z >> 16);\n"
-    "    d[6] = (unsigned short)q.w, d[7] = (unsigned short)(q.w >> 16);\n"
-    "    return;\n"
-    "  }\n"
+    "OPTC_FN void optc_load8_u16(unsigned short *d, const unsigned short *p, int n) {\n"
     "#pragma unroll\n"
     "  for (int e = 0; e < 8; e++)\n"
     "    d[e] = e < n ? p[e] : (unsigned short)0;\n"
     "}\n"
     "\n"
-    "OPTC_FN void optc_store8_u16(unsigned short *p, const unsigned short *d, int n, bool vec) {\n"
-    "  if (vec && n == 8) {\n"
-    "    *(uint4 *)p = make_uint4(d[0] | (unsigned)d[1] << 16, d[2] | (unsigned)d[3] << 16,\n"
-    "                             d[4] | (unsigned)d[5] << 16, d[6] | (unsigned)d[7] << 16);\n"
-    "    return;\n"
-    "  }\n"
+    "OPTC_FN void optc_store8_u16(unsigned short *p, const unsigned short *d, int n) {\n"
     "#pragma unroll\n"
     "  for (int e = 0; e < 8; e++)\n"
     "    if (e < n)\n"
     "      p[e] = d[e];\n"
     "}\n"
     "\n"
-    "OPTC_FN void optc_load8_f64(double *d, const double *p, int n, bool vec) {\n"
-    "  if (vec && n == 8) {\n"
-    "#pragma unroll\n"
-    "    for (int k = 0; k < 4; k++) {\n"
-    "      const double2 a = ((const double2 *)p)[k];\n"
-    "      d[2 * k] = a.x, d[2 * k + 1] = a.y;\n"
-    "    }\n"
-    "    return;\n"
-    "  }\n"
+    "OPTC_FN void optc_load8_f64(double *d, const double *p, int n) {\n"
     "#pragma unroll\n"
     "  for (int e = 0; e < 8; e++)\n"
     "    d[e] = e < n ? p[e] : 0.0;\n"
     "}\n"
     "\n"
-    "OPTC_FN void optc_store8_f64(double *p, const double *d, int n, bool vec) {\n"
-    "  if (vec && n == 8) {\n"
-    "#pragma unroll\n"
-    "    for (int k = 0; k < 4; k++)\n"
-    "      ((double2 *)p)[k] = make_double2(d[2 * k], d[2 * k + 1]);\n"
-    "    return;\n"
-    "  }\n"
+    "OPTC_FN void optc_store8_f64(double *p, const double *d, int n) {\n"
     "#pragma unroll\n"
     "  for (int e = 0; e < 8; e++)\n"
     "    if (e < n)\n"
@@ -266,10 +283,10 @@ typedef struct {
   Buf *out;
   const char **stem; /* (nins) a C identifier per value: its SSA name, or the printer's number */
   const char **bstem;/* (nbufs) per buffer */
-  const char **bptr; /* (nbufs) the chunk's first element of each buffer, as an expression */
   int *uses;         /* (nins) uses by this phase's element and tensor instructions */
   const char **expr; /* (nins) an element value as its users read it */
-  int threads, seg, row;
+  int threads;
+  int min_blocks; /* an element-wise kernel's blocks per SM, for its register budget */
 } E;
 
 static bool ident_char(char c) {
@@ -314,7 +331,6 @@ static void name_values(E *e) {
         break;
       }
   e->bstem = arena_alloc(e->a, sizeof(char *) * (size_t)(g->nbufs + 1));
-  e->bptr = arena_alloc(e->a, sizeof(char *) * (size_t)(g->nbufs + 1));
   for (int b = 0; b < g->nbufs; b++)
     e->bstem[b] = sanitize(e->a, g->bufs[b].name);
 }
@@ -436,6 +452,35 @@ static bool bf16_canonical(const Graph *g, Ref r) {
   }
 }
 
+/* The element loop computes elem-scope values, and the stores and the
+ * reductions of them (whose own scope is their target's). */
+static bool per_element(const Ins *x) { return x->scope == SCOPE_ELEM || x->op == OP_REDUCE; }
+
+/* Whether no user of element value r can tell one NaN from another: each
+ * is f32 arithmetic (whose NaN result is the GPU's canonical 0x7fffffff,
+ * whatever NaN went in), a comparison or a test. A store, a select, min,
+ * max, neg, abs and conversions pass a NaN's bits on. */
+static bool nan_bits_unseen(E *e, Ref r) {
+  const Graph *g = e->g;
+  for (Ref i = e->ph->lo; i < e->ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    bool uses = false;
+    for (int k = 0; k < op_info[x->op].nargs; k++)
+      uses |= x->args[k] == r;
+    if (!uses || !per_element(x))
+      continue;
+    switch (x->op) {
+    case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_SQRT: case OP_RSQRT: case OP_FMA: case OP_LERP:
+      if (x->type != TY_F32 && x->type != TY_BF16)
+        return false;
+      break;
+    case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE: case OP_ISFINITE: break;
+    default: return false;
+    }
+  }
+  return true;
+}
+
 /* The expression of instruction i; `index` is the element's index in its
  * tensor (the stochastic-rounding hash reads it). */
 static const char *render(E *e, Ref i, const char *index) {
@@ -475,7 +520,8 @@ static const char *render(E *e, Ref i, const char *index) {
     /* a hold, cvt(cvt(v : bf16) : f32), its bf16 inlined: one rounding,
      * kept in the f32 bits */
     if (t == TY_F32 && at[0] == TY_BF16 && e->uses[y] == 1 && type_is_float(from) && from != TY_BF16)
-      return arena_printf(e->a, "optc_bf16_hold(%s)", convert(e, operand(e, in->args[0]), from, TY_F32));
+      return arena_printf(e->a, nan_bits_unseen(e, i) ? "optc_bf16_hold_any(%s)" : "optc_bf16_hold(%s)",
+                          convert(e, operand(e, in->args[0]), from, TY_F32));
     /* cvt(cvt(h : f32) : bf16) of a canonical h is h: the held f32's high half */
     if (t == TY_BF16 && at[0] == TY_F32 && from == TY_BF16 && bf16_canonical(g, in->args[0]))
       return arena_printf(e->a, "optc_bf16_bits(%s)", a[0]);
@@ -494,22 +540,6 @@ static const char *render(E *e, Ref i, const char *index) {
 
 static bool red_is_max(RedKind k) { return k == RED_MAX || k == RED_ABSMAX; }
 
-/* The staged type of a reduction's operand: f32 holds every f32, bf16 and
- * f16 value exactly; f64 stays f64. */
-static Type staged_type(const Graph *g, Ref r) { return g->ins[g->ins[r].args[0]].type == TY_F64 ? TY_F64 : TY_F32; }
-
-/* The first thread of reduction r's 8 lane threads: one warp per reduction
- * while there are warps, so that the lanes of two reductions run side by
- * side. */
-static int lane_thread(int r, int threads) {
-  int warps = threads / 32;
-  return 32 * (r % warps) + OPTC_REDUCE_LANES * (r / warps);
-}
-
-/* The element loop computes elem-scope values, and the stores and the
- * reductions of them (whose own scope is their target's). */
-static bool per_element(const Ins *x) { return x->scope == SCOPE_ELEM || x->op == OP_REDUCE; }
-
 static bool used_here(E *e, Ref r) {
   const PlanPhase *ph = e->ph;
   for (Ref i = ph->lo; i < ph->hi; i++) {
@@ -521,6 +551,76 @@ static bool used_here(E *e, Ref r) {
   return false;
 }
 
+/* The loads (op OP_LOAD) or the stores (OP_STORE) of an element-wise
+ * phase's 8 elements at j: when `full`, 16-byte vectors, every load issued
+ * before the first is used; else one by one, only what is in the chunk. */
+static void emit_vectors(E *e, Op op) {
+  const Graph *g = e->g;
+  const PlanPhase *ph = e->ph;
+  Buf *o = e->out;
+  bool any = false;
+  for (Ref i = ph->lo; i < ph->hi; i++)
+    any |= g->ins[i].op == op;
+  if (!any)
+    return;
+  for (int vec = 1; vec >= 0; vec--) {
+    buf_puts(o, vec ? "    if (full) {\n" : "    } else {\n");
+    for (Ref i = ph->lo; i < ph->hi; i++) {
+      const Ins *x = &g->ins[i];
+      if (x->op != op)
+        continue;
+      const char *sfx = mem_suffix((Type)g->bufs[x->buf].type), *b = e->bstem[x->buf], *v = e->stem[i];
+      if (op == OP_LOAD)
+        buf_printf(o, vec ? "      optc_vload8_%s(x_%s, p_%s + j);\n" : "      optc_load8_%s(x_%s, p_%s + j, n);\n",
+                   sfx, v, b);
+      else
+        buf_printf(o, vec ? "      optc_vstore8_%s(p_%s + j, o_%s);\n" : "      optc_store8_%s(p_%s + j, o_%s, n);\n",
+                   sfx, b, v);
+    }
+  }
+  buf_puts(o, "    }\n");
+}
+
+/* The element values of one element (e), its stores into o_ and its
+ * reductions into the a_ accumulators; `index` is its index in its tensor. */
+static void emit_element(E *e, const char *ind, const char *index) {
+  const Graph *g = e->g;
+  const PlanPhase *ph = e->ph;
+  Buf *o = e->out;
+  for (Ref i = ph->lo; i < ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (!per_element(x) || x->op == OP_LOAD)
+      continue;
+    if (x->op == OP_STORE) {
+      buf_printf(o, "%so_%s[e] = %s;\n", ind, e->stem[i], operand(e, x->args[0]));
+    } else if (x->op == OP_REDUCE) {
+      /* interp.c's fold: the operand as f64 (a float type through f32) */
+      Ref a = x->args[0];
+      const char *v = to_f64(e, operand(e, a), (Type)g->ins[a].type), *s = e->stem[i];
+      switch ((RedKind)x->red) {
+      case RED_SUM: buf_printf(o, "%sa_%s = a_%s + %s;\n", ind, s, s, v); break;
+      case RED_SUMSQ:
+        buf_printf(o, "%s{\n%s  const double x = %s;\n%s  a_%s = a_%s + x * x;\n%s}\n", ind, ind, v, ind, s, s, ind);
+        break;
+      case RED_MAX: buf_printf(o, "%sa_%s = optc_max_nan(a_%s, %s);\n", ind, s, s, v); break;
+      case RED_ABSMAX: buf_printf(o, "%sa_%s = optc_max_nan(a_%s, fabs(%s));\n", ind, s, s, v); break;
+      default: unreachable();
+      }
+    } else if (e->uses[i] == 1) {
+      e->expr[i] = render(e, i, index);
+    } else if (e->uses[i] > 1) {
+      buf_printf(o, "%sconst %s v_%s = %s;\n", ind, e->L->type[x->type], e->stem[i], render(e, i, index));
+      e->expr[i] = arena_printf(e->a, "v_%s", e->stem[i]);
+    }
+  }
+}
+
+/* Phase k as one kernel. An element-wise phase runs one chunk per block,
+ * thread t taking the 8 elements at 8t, 8t + 8 * threads, ... A phase with
+ * reductions runs threads / 8 chunks per block, 8 threads per chunk: the
+ * thread of lane l takes elements l, l + 8, l + 16, ... of its chunk in
+ * order, so that each lane is one thread's own chain of adds, and as many
+ * chains run at once as threads do. */
 static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   const Graph *g = e->g;
   const PlanPhase *ph = e->ph;
@@ -528,6 +628,7 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   Buf *o = e->out;
   int nred = ph->nreds;
   int threads = e->threads;
+  int cpb = nred ? threads / OPTC_REDUCE_LANES : 1; /* chunks per block */
 
   /* header: what the phase moves */
   buf_printf(o, "/* phase %d: %d bytes/element, %d ops/element\n *   reads:", k, ph->bytes_per_element, ph->nops);
@@ -543,24 +644,37 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   buf_putc(o, '\n');
   for (int i = 0; i < nred; i++) {
     const Ins *x = &g->ins[ph->reds[i]];
-    buf_printf(o, " *   partials[c * %d + %d]: %%%s = %s to %s, lanes in threads %d-%d\n", nred, i, e->stem[ph->reds[i]],
-               red_names[x->red], scope_names[x->to], lane_thread(i, threads), lane_thread(i, threads) + 7);
+    buf_printf(o, " *   partials[c * %d + %d]: %%%s = %s to %s\n", nred, i, e->stem[ph->reds[i]], red_names[x->red],
+               scope_names[x->to]);
   }
   buf_puts(o, " */\n");
-  buf_printf(o, L->kernel, threads);
+  if (!nred && e->min_blocks > 1)
+    buf_printf(o, "extern \"C\" __global__ void __launch_bounds__(%d, %d)\n", threads, e->min_blocks);
+  else
+    buf_printf(o, L->kernel, threads);
   buf_printf(o, "optc_phase%d(const OptcChunk *chunks, long long nchunks, void *const *bufs, const OptcScalar *step,\n"
                 "            const OptcScalar *tvals, double *partials) {\n",
              k);
-
-  /* shared staging */
-  for (int i = 0; i < nred; i++) {
-    Ref r = ph->reds[i];
-    buf_printf(o, "  %s %s st_%s[%d * %d]; /* [lane][j / 8] */\n", L->shared, L->type[staged_type(g, r)], e->stem[r],
-               OPTC_REDUCE_LANES, e->row);
-    buf_printf(o, "  %s double ln_%s[%d];\n", L->shared, e->stem[r], OPTC_REDUCE_LANES);
+  const char *ind = "  ";
+  if (nred) {
+    for (int i = 0; i < nred; i++)
+      buf_printf(o, "  %s double ln_%s[%d]; /* [chunk of the block][lane] */\n", L->shared, e->stem[ph->reds[i]],
+                 threads);
+    buf_printf(o, "  const long long c = (long long)%s * %d + %s / %d;\n", L->block_index, cpb, L->thread_index,
+               OPTC_REDUCE_LANES);
+    buf_printf(o, "  const int lane = %s %% %d;\n", L->thread_index, OPTC_REDUCE_LANES);
+    for (int i = 0; i < nred; i++) {
+      Ref r = ph->reds[i];
+      buf_printf(o, "  double a_%s = %s; /* this lane's */\n", e->stem[r],
+                 red_is_max((RedKind)g->ins[r].red) ? "(double)optc_bits_f32(0xff800000u)" : "0.0");
+    }
+    buf_puts(o, "  if (c < nchunks) {\n");
+    buf_puts(o, "    const OptcChunk ch = chunks[c];\n");
+    ind = "    ";
+  } else {
+    buf_printf(o, "  if ((long long)%s >= nchunks)\n    return;\n", L->block_index);
+    buf_printf(o, "  const OptcChunk ch = chunks[%s];\n", L->block_index);
   }
-  buf_printf(o, "  if ((long long)%s >= nchunks)\n    return;\n", L->block_index);
-  buf_printf(o, "  const OptcChunk ch = chunks[%s];\n", L->block_index);
 
   /* the chunk's first element of each buffer the phase touches */
   bool *touched = arena_alloc(e->a, (size_t)g->nbufs + 1);
@@ -570,23 +684,22 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   for (int i = 0; i < ph->nwrites; i++)
     touched[ph->writes[i].buf] = written[ph->writes[i].buf] = true;
   int ntouched = 0;
-  buf_printf(o, "  void *const *const row = bufs + (long long)ch.tensor * %d; /* the chunk's tensor's buffers */\n",
-             g->nbufs);
+  buf_printf(o, "%svoid *const *const row = bufs + (long long)ch.tensor * %d; /* the chunk's tensor's buffers */\n",
+             ind, g->nbufs);
   for (int b = 0; b < g->nbufs; b++) {
     if (!touched[b])
       continue;
     const char *ty = L->type[g->bufs[b].type];
-    /* an expression, not a variable: ptxas then reloads the pointer where
-     * it is used instead of keeping it live across the element loop */
-    e->bptr[b] = arena_printf(e->a, "((%s%s *)row[%d] + ch.start)", written[b] ? "" : "const ", ty, b);
+    const char *q = written[b] ? "" : "const ";
+    buf_printf(o, "%s%s%s *const p_%s = (%s%s *)row[%d] + ch.start;\n", ind, q, ty, e->bstem[b], q, ty, b);
     ntouched++;
   }
-  if (ntouched) {
+  if (ntouched && !nred) {
     buf_puts(o, "  const bool vec = ");
     int n = 0;
     for (int b = 0; b < g->nbufs; b++)
       if (touched[b])
-        buf_printf(o, "%soptc_aligned16(%s)", n++ ? " && " : "", e->bptr[b]);
+        buf_printf(o, "%soptc_aligned16(p_%s)", n++ ? " && " : "", e->bstem[b]);
     buf_puts(o, ";\n");
   }
 
@@ -596,22 +709,22 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
     if (x->scope != SCOPE_STEP || x->op == OP_CONST || x->op == OP_STORE || !used_here(e, r))
       continue;
     if (x->type == TY_I32)
-      buf_printf(o, "  const int s_%s = (int)step[%d].i;\n", e->stem[r], r);
+      buf_printf(o, "%sconst int s_%s = (int)step[%d].i;\n", ind, e->stem[r], r);
     else
-      buf_printf(o, "  const %s s_%s = step[%d]%s;\n", L->type[x->type], e->stem[r], r, L->field[x->type]);
+      buf_printf(o, "%sconst %s s_%s = step[%d]%s;\n", ind, L->type[x->type], e->stem[r], r, L->field[x->type]);
   }
   for (Ref r = 0; r < g->nins; r++) {
     const Ins *x = &g->ins[r];
     if (x->scope == SCOPE_TENSOR && x->op == OP_REDUCE && used_here(e, r))
-      buf_printf(o, "  const double t_%s = tvals[(long long)ch.tensor * %d + %d].d;\n", e->stem[r], g->nins, r);
+      buf_printf(o, "%sconst double t_%s = tvals[(long long)ch.tensor * %d + %d].d;\n", ind, e->stem[r], g->nins, r);
   }
   for (Ref i = ph->lo; i < ph->hi; i++) {
     const Ins *x = &g->ins[i];
     if (x->op == OP_CVT_SR)
-      buf_printf(o, "  const uint32_t k_%s = optc_sr_key((uint64_t)%s, (uint64_t)%s, (uint32_t)ch.tensor);\n",
+      buf_printf(o, "%sconst uint32_t k_%s = optc_sr_key((uint64_t)%s, (uint64_t)%s, (uint32_t)ch.tensor);\n", ind,
                  e->stem[i], operand(e, x->args[1]), operand(e, x->args[2]));
     if (x->scope == SCOPE_TENSOR && x->op != OP_REDUCE)
-      buf_printf(o, "  const %s t_%s = %s;\n", L->type[x->type], e->stem[i], render(e, i, "0"));
+      buf_printf(o, "%sconst %s t_%s = %s;\n", ind, L->type[x->type], e->stem[i], render(e, i, "0"));
   }
 
   /* uses within the element loop: who is inlined */
@@ -624,131 +737,64 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
       e->uses[x->args[a]]++;
   }
 
-  /* reduction accumulators */
-  for (int i = 0; i < nred; i++) {
-    Ref r = ph->reds[i];
-    buf_printf(o, "  double a_%s = %s; /* threads %d-%d: their lane's sum */\n", e->stem[r],
-               red_is_max((RedKind)g->ins[r].red) ? "(double)optc_bits_f32(0xff800000u)" : "0.0",
-               lane_thread(i, threads), lane_thread(i, threads) + 7);
-  }
-
-  const char *ind = "  ";
   if (nred) {
-    buf_printf(o, "  for (long long base = 0; base < ch.len; base += %d) {\n", e->seg);
-    buf_printf(o, "    const long long end = ch.len < base + %d ? ch.len : base + %d;\n", e->seg, e->seg);
-    buf_printf(o, "    for (long long j = base + (long long)%s * %d; j < end; j += %d) {\n", L->thread_index, CUDA_VEC,
-               CUDA_VEC * threads);
-    ind = "      ";
+    /* lane by lane: element j of the chunk, its loads, its value, its stores */
+    buf_printf(o, "#pragma unroll 4\n    for (long long j = lane; j < ch.len; j += %d) {\n", OPTC_REDUCE_LANES);
+    for (Ref i = ph->lo; i < ph->hi; i++) {
+      const Ins *x = &g->ins[i];
+      if (x->op == OP_LOAD)
+        buf_printf(o, "      const %s x_%s[1] = {p_%s[j]};\n", L->type[x->type], e->stem[i], e->bstem[x->buf]);
+      else if (x->op == OP_STORE)
+        buf_printf(o, "      %s o_%s[1];\n", L->type[g->bufs[x->buf].type], e->stem[i]);
+    }
+    buf_puts(o, "      const int e = 0; /* the one element: x_ and o_ as in the element-wise phases */\n");
+    emit_element(e, "      ", "ch.start + j");
+    for (Ref i = ph->lo; i < ph->hi; i++) {
+      const Ins *x = &g->ins[i];
+      if (x->op == OP_STORE)
+        buf_printf(o, "      p_%s[j] = o_%s[0];\n", e->bstem[x->buf], e->stem[i]);
+    }
+    buf_puts(o, "    }\n  }\n");
+    /* the chunk's partial: its 8 lanes combined as numerics.h combines them */
+    for (int i = 0; i < nred; i++)
+      buf_printf(o, "  ln_%s[%s] = a_%s;\n", e->stem[ph->reds[i]], L->thread_index, e->stem[ph->reds[i]]);
+    buf_printf(o, "  %s;\n", L->barrier);
+    buf_puts(o, "  if (lane == 0 && c < nchunks) {\n");
+    for (int i = 0; i < nred; i++) {
+      Ref r = ph->reds[i];
+      buf_printf(o, "    partials[c * %d + %d] = optc_lanes_combine(ln_%s + %s, %d);\n", nred, i, e->stem[r],
+                 L->thread_index, red_is_max((RedKind)g->ins[r].red));
+    }
+    buf_puts(o, "  }\n}\n\n");
   } else {
     buf_printf(o, "  for (long long j = (long long)%s * %d; j < ch.len; j += %d) {\n", L->thread_index, CUDA_VEC,
                CUDA_VEC * threads);
-    ind = "    ";
-  }
-  buf_printf(o, "%sconst int n = %s - j < %d ? (int)(%s - j) : %d;\n", ind, nred ? "end" : "ch.len", CUDA_VEC,
-             nred ? "end" : "ch.len", CUDA_VEC);
-
-  /* loads, 8 at a time */
-  for (Ref i = ph->lo; i < ph->hi; i++) {
-    const Ins *x = &g->ins[i];
-    if (x->op != OP_LOAD)
-      continue;
-    buf_printf(o, "%s%s x_%s[%d];\n", ind, L->type[x->type], e->stem[i], CUDA_VEC);
-    buf_printf(o, "%soptc_load8_%s(x_%s, %s + j, n, vec);\n", ind, mem_suffix((Type)x->type), e->stem[i],
-               e->bptr[x->buf]);
-  }
-  for (Ref i = ph->lo; i < ph->hi; i++) {
-    const Ins *x = &g->ins[i];
-    if (x->op == OP_STORE)
-      buf_printf(o, "%s%s o_%s[%d];\n", ind, L->type[g->bufs[x->buf].type], e->stem[i], CUDA_VEC);
-  }
-
-  /* the element computation, lane by lane */
-  buf_printf(o, "#pragma unroll\n%sfor (int e = 0; e < %d; e++) {\n", ind, CUDA_VEC);
-  const char *index = "ch.start + j + e";
-  for (Ref i = ph->lo; i < ph->hi; i++) {
-    const Ins *x = &g->ins[i];
-    if (!per_element(x) || x->op == OP_LOAD)
-      continue;
-    if (x->op == OP_STORE) {
-      buf_printf(o, "%s  o_%s[e] = %s;\n", ind, e->stem[i], operand(e, x->args[0]));
-    } else if (x->op == OP_REDUCE) {
-      Ref a = x->args[0];
-      const char *v = staged_type(g, i) == TY_F64 ? operand(e, a) : to_f32(e, operand(e, a), (Type)g->ins[a].type);
-      buf_printf(o, "%s  st_%s[e * %d + (int)((j - %s) >> 3)] = %s;\n", ind, e->stem[i], e->row, nred ? "base" : "0", v);
-    } else if (e->uses[i] == 1) {
-      e->expr[i] = render(e, i, index);
-    } else if (e->uses[i] > 1) {
-      buf_printf(o, "%s  const %s v_%s = %s;\n", ind, L->type[x->type], e->stem[i], render(e, i, index));
-      e->expr[i] = arena_printf(e->a, "v_%s", e->stem[i]);
+    buf_printf(o, "    const int n = ch.len - j < %d ? (int)(ch.len - j) : %d;\n", CUDA_VEC, CUDA_VEC);
+    buf_printf(o, "    const bool full = vec && n == %d;\n", CUDA_VEC);
+    for (Ref i = ph->lo; i < ph->hi; i++) {
+      const Ins *x = &g->ins[i];
+      if (x->op == OP_LOAD)
+        buf_printf(o, "    %s x_%s[%d];\n", L->type[x->type], e->stem[i], CUDA_VEC);
     }
-  }
-  buf_printf(o, "%s}\n", ind);
-
-  /* stores, 8 at a time; only what is in the chunk */
-  for (Ref i = ph->lo; i < ph->hi; i++) {
-    const Ins *x = &g->ins[i];
-    if (x->op == OP_STORE)
-      buf_printf(o, "%soptc_store8_%s(%s + j, o_%s, n, vec);\n", ind, mem_suffix((Type)g->bufs[x->buf].type),
-                 e->bptr[x->buf], e->stem[i]);
-  }
-
-  if (!nred) {
+    emit_vectors(e, OP_LOAD);
+    for (Ref i = ph->lo; i < ph->hi; i++) {
+      const Ins *x = &g->ins[i];
+      if (x->op == OP_STORE)
+        buf_printf(o, "    %s o_%s[%d];\n", L->type[g->bufs[x->buf].type], e->stem[i], CUDA_VEC);
+    }
+    buf_printf(o, "#pragma unroll\n    for (int e = 0; e < %d; e++) {\n", CUDA_VEC);
+    emit_element(e, "      ", "ch.start + j + e");
+    buf_puts(o, "    }\n");
+    emit_vectors(e, OP_STORE);
     buf_puts(o, "  }\n}\n\n");
-  } else {
-    buf_printf(o, "    }\n    %s;\n", L->barrier);
-    buf_puts(o, "    /* each lane in element order: element j of the chunk is lane j % 8 */\n");
-    for (int i = 0; i < nred; i++) {
-      Ref r = ph->reds[i];
-      RedKind rk = (RedKind)g->ins[r].red;
-      int t0 = lane_thread(i, threads);
-      const char *st = e->stem[r];
-      if (t0 == 0)
-        buf_printf(o, "    if (%s < %d) {\n      const int lane = %s;\n", L->thread_index, OPTC_REDUCE_LANES,
-                   L->thread_index);
-      else
-        buf_printf(o, "    if (%s - %du < %du) {\n      const int lane = %s - %d;\n", L->thread_index, t0,
-                   OPTC_REDUCE_LANES, L->thread_index, t0);
-      buf_printf(o, "      const int cnt = (int)((end - base - lane + 7) >> 3);\n");
-      buf_printf(o, "      for (int k = 0; k < cnt; k++) {\n");
-      buf_printf(o, "        const double x = (double)st_%s[lane * %d + k];\n", st, e->row);
-      switch (rk) {
-      case RED_SUM: buf_printf(o, "        a_%s = a_%s + x;\n", st, st); break;
-      case RED_SUMSQ: buf_printf(o, "        a_%s = a_%s + x * x;\n", st, st); break;
-      case RED_MAX: buf_printf(o, "        a_%s = optc_max_nan(a_%s, x);\n", st, st); break;
-      case RED_ABSMAX: buf_printf(o, "        a_%s = optc_max_nan(a_%s, fabs(x));\n", st, st); break;
-      default: unreachable();
-      }
-      buf_puts(o, "      }\n    }\n");
-    }
-    buf_printf(o, "    %s;\n  }\n", L->barrier);
-    for (int i = 0; i < nred; i++) {
-      int t0 = lane_thread(i, threads);
-      const char *st = e->stem[ph->reds[i]];
-      if (t0 == 0)
-        buf_printf(o, "  if (%s < %d)\n    ln_%s[%s] = a_%s;\n", L->thread_index, OPTC_REDUCE_LANES, st,
-                   L->thread_index, st);
-      else
-        buf_printf(o, "  if (%s - %du < %du)\n    ln_%s[%s - %d] = a_%s;\n", L->thread_index, t0, OPTC_REDUCE_LANES, st,
-                   L->thread_index, t0, st);
-    }
-    buf_printf(o, "  %s;\n", L->barrier);
-    for (int i = 0; i < nred; i++) {
-      Ref r = ph->reds[i];
-      buf_printf(o, "  if (%s == %d)\n    partials[(long long)%s * %d + %d] = optc_lanes_combine(ln_%s, %d);\n",
-                 L->thread_index, lane_thread(i, threads), L->block_index, nred, i, e->stem[r],
-                 red_is_max((RedKind)g->ins[r].red));
-    }
-    buf_puts(o, "}\n\n");
   }
 
   if (kinfo) {
     snprintf(kinfo->name, sizeof kinfo->name, "optc_phase%d", k);
     kinfo->threads = threads;
+    kinfo->cpb = cpb;
     kinfo->nred = nred;
-    kinfo->seg = nred ? e->seg : 0;
-    kinfo->smem = 0;
-    for (int i = 0; i < nred; i++)
-      kinfo->smem += OPTC_REDUCE_LANES * e->row * type_size(staged_type(g, ph->reds[i])) + OPTC_REDUCE_LANES * 8;
+    kinfo->smem = nred * threads * 8;
     kinfo->regs = kinfo->spill_stores = kinfo->spill_loads = kinfo->stack = -1;
   }
 }
@@ -783,25 +829,10 @@ static void emit_nonfinite(E *e, CudaKernel *kinfo) {
     snprintf(kinfo->name, sizeof kinfo->name, "optc_nonfinite");
     kinfo->threads = threads;
     kinfo->nred = 1;
-    kinfo->seg = 0;
+    kinfo->cpb = 1;
     kinfo->smem = 4;
     kinfo->regs = kinfo->spill_stores = kinfo->spill_loads = kinfo->stack = -1;
   }
-}
-
-/* The largest segment (a power of two, up to a whole chunk) whose staging
- * fits in 40 KiB of shared memory, under the 48 KiB of static shared
- * memory a block may have. */
-static int pick_segment(const Graph *g, const PlanPhase *ph) {
-  for (int seg = OPTC_REDUCE_BLOCK; seg >= 64; seg /= 2) {
-    int bytes = 0;
-    for (int i = 0; i < ph->nreds; i++)
-      bytes += OPTC_REDUCE_LANES * (seg / OPTC_REDUCE_LANES + 1) * type_size(staged_type(g, ph->reds[i])) +
-               OPTC_REDUCE_LANES * 8;
-    if (bytes <= 40 * 1024)
-      return seg;
-  }
-  return 0;
 }
 
 int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels) {
@@ -810,11 +841,16 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
     error("cuda backend: the graph has no plan (run the pass pipeline first)");
     return -1;
   }
-  int threads = t && t->threads ? t->threads : 256;
+  int threads = t && t->threads ? t->threads : 128;
   int red_threads = t && t->red_threads ? t->red_threads : 128;
+  int min_blocks = t && t->min_blocks ? t->min_blocks : 1;
   if (threads % 32 || red_threads % 32 || threads < 32 || red_threads < 32 || threads > 1024 || red_threads > 1024) {
     error("cuda backend: threads per block must be a multiple of 32 from 32 to 1024 (got %d and %d)", threads,
           red_threads);
+    return -1;
+  }
+  if (min_blocks < 1 || min_blocks > 32) {
+    error("cuda backend: blocks per SM must be from 1 to 32 (got %d)", min_blocks);
     return -1;
   }
   for (int i = 0; i < g->nbufs; i++)
@@ -824,7 +860,7 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
             g->bufs[i].name, type_names[g->bufs[i].type]);
       return -1;
     }
-  E e = {.g = g, .L = &cuda_lang, .out = out};
+  E e = {.g = g, .L = &cuda_lang, .out = out, .min_blocks = min_blocks};
   e.a = arena_new();
   e.uses = arena_alloc(e.a, sizeof(int) * (size_t)(g->nins + 1));
   e.expr = arena_alloc(e.a, sizeof(char *) * (size_t)(g->nins + 1));
@@ -832,9 +868,9 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
   int rc = 0;
   for (int k = 0; k < p->nphases; k++) {
     const PlanPhase *ph = &p->phases[k];
-    if (ph->nreds > 4 * (red_threads / 32) || !pick_segment(g, ph)) {
-      error("cuda backend: phase %d has %d reductions: more than a block of %d threads can stage", k, ph->nreds,
-            red_threads);
+    if (ph->nreds * red_threads * 8 > 48 * 1024) {
+      error("cuda backend: phase %d has %d reductions: more than a block of %d threads can combine in 48 KiB", k,
+            ph->nreds, red_threads);
       rc = -1;
       goto out;
     }
@@ -842,18 +878,16 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
 
   buf_printf(out, "/* Generated by optc %s (compiler/emit_cuda.c): the step of a planned graph as CUDA C.\n",
              OPTC_VERSION);
-  buf_printf(out, " *\n * %d phase%s. Each kernel runs one thread block per chunk (at most %d elements of\n", p->nphases,
-             p->nphases == 1 ? "" : "s", OPTC_REDUCE_BLOCK);
-  buf_puts(out, " * one tensor; the chunk table is in device memory). Launch in order, the host computing\n"
-                " * the ^stepK values and folding the partials between phases:\n");
+  buf_printf(out, " *\n * %d phase%s over chunks (at most %d elements of one tensor; the chunk table is in\n",
+             p->nphases, p->nphases == 1 ? "" : "s", OPTC_REDUCE_BLOCK);
+  buf_puts(out, " * device memory). Launch in order, the host computing the ^stepK values and folding the\n"
+                " * partials between phases:\n");
   CudaKernel *ks = kernels ? kernels : arena_alloc(e.a, sizeof(CudaKernel) * (size_t)(p->nphases + 1));
   /* the facts first, so the header can list them */
   Buf scratch = {0};
   for (int k = 0; k < p->nphases; k++) {
     e.ph = &p->phases[k];
     e.threads = e.ph->nreds ? red_threads : threads;
-    e.seg = pick_segment(g, e.ph);
-    e.row = e.seg / OPTC_REDUCE_LANES + 1;
     e.out = &scratch;
     emit_phase(&e, k, &ks[k]);
   }
@@ -861,7 +895,10 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
   emit_nonfinite(&e, &ks[p->nphases]);
   buf_free(&scratch);
   for (int k = 0; k <= p->nphases; k++) {
-    buf_printf(out, " *   %-15s grid nchunks, block %d", ks[k].name, ks[k].threads);
+    if (ks[k].cpb > 1)
+      buf_printf(out, " *   %-15s grid nchunks / %d, block %d", ks[k].name, ks[k].cpb, ks[k].threads);
+    else
+      buf_printf(out, " *   %-15s grid nchunks, block %d", ks[k].name, ks[k].threads);
     if (ks[k].nred)
       buf_printf(out, ", %d partial%s per chunk", ks[k].nred, ks[k].nred == 1 ? "" : "s");
     if (ks[k].smem > 4)
@@ -883,8 +920,6 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
   for (int k = 0; k < p->nphases; k++) {
     e.ph = &p->phases[k];
     e.threads = e.ph->nreds ? red_threads : threads;
-    e.seg = pick_segment(g, e.ph);
-    e.row = e.seg / OPTC_REDUCE_LANES + 1;
     emit_phase(&e, k, NULL);
   }
   e.threads = threads;

@@ -7,8 +7,9 @@
  * or no device.
  *
  * The kernels keep the CPU backend's contract (codegen.h's PhaseFn): phase
- * k is `optc_phaseK(chunks, nchunks, bufs, step, tvals, partials)`, one
- * thread block per chunk, and chunk c's partial of the phase's i-th
+ * k is `optc_phaseK(chunks, nchunks, bufs, step, tvals, partials)` over
+ * every chunk (one block per chunk, or per 16 chunks in a phase with
+ * reductions: CudaKernel.cpb), and chunk c's partial of the phase's i-th
  * reduction goes to partials[c * nred + i]. The host folds the partials in
  * chunk order, exactly as exec_cpu.c does, so every backend gives the
  * interpreter's bits. */
@@ -19,8 +20,11 @@
 typedef struct {
   const char *arch;  /* sm_90, sm_80, ... or compute_90 for PTX only; NULL: the visible
                         device's arch, else sm_90 */
-  int threads;       /* threads per block of an element-wise phase; 0: 256 */
-  int red_threads;   /* threads per block of a phase with reductions; 0: 128 */
+  int threads;       /* threads per block of an element-wise phase; 0: 128 */
+  int red_threads;   /* ... of a phase with reductions, 8 per chunk; 0: 128 */
+  int min_blocks;    /* blocks per SM an element-wise kernel is compiled for (its
+                        register budget, __launch_bounds__); 0: 1, no bound
+                        beyond the block size (8 spills in larger programs) */
   bool no_cache;     /* also off when OPTC_CACHE=0 */
 } CudaTarget;
 
@@ -29,10 +33,10 @@ enum { CUDA_VEC = 8 }; /* elements per thread per step: one 16-byte vector of bf
 /* What the executor needs to launch one kernel of a program. */
 typedef struct {
   char name[32];    /* optc_phaseK, or optc_nonfinite */
-  int threads;      /* threads per block; the grid is one block per chunk */
+  int threads;      /* threads per block; the grid is one block per cpb chunks */
   int smem;         /* static shared memory, bytes */
   int nred;         /* partials per chunk (1 for optc_nonfinite) */
-  int seg;          /* elements staged per barrier round (reduction phases) */
+  int cpb;          /* chunks per block: 1, or threads / 8 in a phase with reductions */
   /* from ptxas -v (nvrtc.c); -1 where unknown (PTX only, or not compiled) */
   int regs, spill_stores, spill_loads, stack;
 } CudaKernel;
@@ -124,6 +128,8 @@ int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res);
  * step's kernels is cuda_exec_kernel_ms. */
 void cuda_exec_profile(CudaExec *x, bool on);
 double cuda_exec_kernel_ms(const CudaExec *x);
+/* ... and of kernel k alone (phase k, or nphases: optc_nonfinite); 0 if it did not run */
+double cuda_exec_phase_ms(const CudaExec *x, int k);
 void cuda_exec_free(CudaExec *x);
 
 /* Device 0's free and total memory, in bytes. */

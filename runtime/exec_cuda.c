@@ -8,7 +8,7 @@
  *
  * A step is cpu_step's, launch for call: the host evaluates each ^stepK
  * segment with the interpreter's arithmetic and uploads the step values,
- * one launch per phase runs every chunk (one thread block each), and the
+ * one launch per phase runs every chunk (cpb chunks per block), and the
  * chunk partials come back and are folded on the host in chunk order, so
  * the reductions have the interpreter's bits. A step-scope reduction that
  * is not finite skips the rest of the step, as does grads_finite == 0
@@ -269,6 +269,7 @@ struct CudaExec {
   double *partials;     /* (nchunks * maxred), page-locked */
   bool profile;
   double kernel_ms;
+  double *phase_ms;     /* (nkernels) the last step's time of each kernel, when profiling */
 };
 
 static void free_bufs(CudaExec *x) {
@@ -297,6 +298,7 @@ void cuda_exec_free(CudaExec *x) {
   }
   free(x->fn);
   free(x->kernels);
+  free(x->phase_ms);
   free(x->bufs);
   free(x->table);
   free(x->step);
@@ -328,6 +330,7 @@ CudaExec *cuda_exec_create(const CudaProgram *p, const Graph *g, const GroupLayo
   x->nkernels = p->nkernels;
   x->fn = calloc((size_t)p->nkernels, sizeof(CUfunction));
   x->kernels = malloc(sizeof(CudaKernel) * (size_t)p->nkernels);
+  x->phase_ms = calloc((size_t)p->nkernels, sizeof(double));
   x->bufs = calloc((size_t)g->nbufs + 1, sizeof(CUdeviceptr));
   x->table = calloc((size_t)l->ntensors * (size_t)g->nbufs + 1, sizeof(CUdeviceptr));
   x->step = calloc((size_t)g->nins + 1, sizeof(Scalar));
@@ -452,9 +455,10 @@ int cuda_exec_download(CudaExec *x, void *const *bufs) { return copy_bufs(x, buf
 
 void cuda_exec_profile(CudaExec *x, bool on) { x->profile = on; }
 double cuda_exec_kernel_ms(const CudaExec *x) { return x->kernel_ms; }
+double cuda_exec_phase_ms(const CudaExec *x, int k) { return k >= 0 && k < x->nkernels ? x->phase_ms[k] : 0; }
 
-/* Kernel k over every chunk, in launches of at most MAX_GRID blocks; the
- * partials land in d_partials, nred per chunk. */
+/* Kernel k over every chunk, cpb chunks per block, in launches of at most
+ * MAX_GRID chunks; the partials land in d_partials, nred per chunk. */
 static bool launch(CudaExec *x, int k) {
   const CudaKernel *kk = &x->kernels[k];
   int64_t n = x->l->nchunks;
@@ -469,14 +473,15 @@ static bool launch(CudaExec *x, int k) {
     CUdeviceptr chunks = x->d_chunks + (CUdeviceptr)lo * sizeof(Chunk);
     CUdeviceptr partials = x->d_partials + (CUdeviceptr)lo * (CUdeviceptr)MAX(kk->nred, 1) * sizeof(double);
     void *params[] = {&chunks, &count, &x->d_bufs, &x->d_step, &x->d_tvals, &partials};
-    ok = CU_CHECK(drv.LaunchKernel(x->fn[k], (unsigned)count, 1, 1, (unsigned)kk->threads, 1, 1, 0, x->stream, params,
-                                   NULL));
+    unsigned blocks = (unsigned)((count + kk->cpb - 1) / kk->cpb);
+    ok = CU_CHECK(drv.LaunchKernel(x->fn[k], blocks, 1, 1, (unsigned)kk->threads, 1, 1, 0, x->stream, params, NULL));
   }
   if (a) {
     float ms = 0;
     ok = ok && CU_CHECK(drv.EventRecord(b, NULL)) && CU_CHECK(drv.EventSynchronize(b)) &&
          CU_CHECK(drv.EventElapsedTime(&ms, a, b));
     x->kernel_ms += ms;
+    x->phase_ms[k] = ms;
     drv.EventDestroy(a);
     drv.EventDestroy(b);
   }
@@ -493,6 +498,7 @@ int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res) {
   const Plan *p = g->plan;
   memset(res, 0, sizeof *res);
   x->kernel_ms = 0;
+  memset(x->phase_ms, 0, sizeof(double) * (size_t)x->nkernels);
   if (!driver() || !ensure_bufs(x))
     return -1;
   size_t nchunks = (size_t)l->nchunks;

@@ -18,7 +18,7 @@
  *   step-scope reductions, equal the interpreter's.
  * - A program with every op, type and scope the emitter renders (f16,
  *   bf16, f32 and f64 buffers, tensor-scope reductions, five reductions in
- *   one phase, staged in segments), and one with pow, exp and log per
+ *   one phase), and one with pow, exp and log per
  *   element (exact here: both sides use glibc).
  * - Unaligned buffers (the one-by-one path everywhere), 64-bit indices
  *   (a chunk past 2^31 in the flat buffers and past 2^32 in its tensor,

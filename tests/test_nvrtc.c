@@ -210,17 +210,23 @@ static int ptx_count(const char *ptx, const char *name, const char *op, int *nop
  *              sm_90     1740 x2    2152   74     1391 x2 (696 each)   1936   70
  * With lerp made branch-free for the comparison alone (one copy each, nvcc):
  * bf16 sm_90 1768 -> 1117 PTX, 1760 -> 1240 SASS; clip phase 1 1881 -> 1182
- * PTX; fused 1705 -> 1362 PTX. */
+ * PTX; fused 1705 -> 1362 PTX.
+ * Then (issue 14, on an H200) a hold that only f32 arithmetic reads skips
+ * the NaN select (the GPU's arithmetic makes its own canonical NaN), the
+ * pointers are loaded once per chunk and the four 16-byte loads issued
+ * together, 128 threads per block: PTX per copy 903 -> 629 (bf16, sm_80 and
+ * sm_90), 963 -> 652 (clip), 696 -> 622 (fused); registers 59 -> 69, 59 ->
+ * 69, 70 -> 78 (the loads in flight; 128-thread blocks keep 7 per SM). */
 static void test_bf16_adamw(void) {
 #define ADAMW "optimizer:\n  _component_: torch.optim.AdamW\n"
   static const struct {
     const char *name, *yaml, *kernel, *arch;
     int max_ptx, max_regs;
   } cases[] = {
-      {"bf16", ADAMW "dtype: bf16\n", "optc_phase0", "sm_80", 1000, 60},
-      {"bf16", ADAMW "dtype: bf16\n", "optc_phase0", "sm_90", 1000, 60},
-      {"bf16 clip", ADAMW "dtype: bf16\nclip_grad_norm: 1.0\n", "optc_phase1", "sm_90", 1060, 60},
-      {"bf16 fused", ADAMW "  fused: True\ndtype: bf16\n", "optc_phase0", "sm_90", 780, 72},
+      {"bf16", ADAMW "dtype: bf16\n", "optc_phase0", "sm_80", 680, 72},
+      {"bf16", ADAMW "dtype: bf16\n", "optc_phase0", "sm_90", 680, 72},
+      {"bf16 clip", ADAMW "dtype: bf16\nclip_grad_norm: 1.0\n", "optc_phase1", "sm_90", 700, 72},
+      {"bf16 fused", ADAMW "  fused: True\ndtype: bf16\n", "optc_phase0", "sm_90", 680, 80},
   };
 #undef ADAMW
   for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
