@@ -331,8 +331,14 @@ static void name_values(E *e) {
         break;
       }
   e->bstem = arena_alloc(e->a, sizeof(char *) * (size_t)(g->nbufs + 1));
-  for (int b = 0; b < g->nbufs; b++)
+  for (int b = 0; b < g->nbufs; b++) {
     e->bstem[b] = sanitize(e->a, g->bufs[b].name);
+    for (int k = 0; k < b; k++)
+      if (!strcmp(e->bstem[b], e->bstem[k])) { /* "a.b" and "a_b": p_a_b and p_a_b_1 */
+        e->bstem[b] = arena_printf(e->a, "%s_%d", e->bstem[b], b);
+        break;
+      }
+  }
 }
 
 /* ---- values ----------------------------------------------------------------------------- */
