@@ -18,8 +18,8 @@
  *   step-scope reductions, equal the interpreter's.
  * - A program with every op, type and scope the emitter renders (f16,
  *   bf16, f32 and f64 buffers, tensor-scope reductions, five reductions in
- *   one phase), and one with pow, exp and log per
- *   element (exact here: both sides use glibc).
+ *   one phase), one with pow, exp and log per element (exact here: both
+ *   sides use glibc), and one whose phase stores and reduces.
  * - Unaligned buffers (the one-by-one path everywhere), 64-bit indices
  *   (a chunk past 2^31 in the flat buffers and past 2^32 in its tensor,
  *   over moved-back base pointers), non-finite grads (skipped as the
@@ -156,6 +156,30 @@ static const char transc_optir[] =
     "%s2 = add %s1, %pw : f32\n"
     "%s3 = mul %s2, %edf : f32\n"
     "store @param, %s3\n";
+
+/* A phase that stores and reduces: the update and, for the record, the
+ * grad's sum of squares and the largest new state, in one pass
+ * (the reduction kernel's own loads and stores, one element a thread). */
+static const char stored_optir[] =
+    "param @param : bf16\n"
+    "grad @grad : bf16\n"
+    "state @m : f32 = 0.0\n"
+    "%g = load @grad : bf16\n"
+    "%gf = cvt %g : f32\n"
+    "%m0 = load @m : f32\n"
+    "%b = input 0.9 : f64\n"
+    "%bf = cvt %b : f32\n"
+    "%m1 = fma %m0, %bf, %gf : f32\n"
+    "store @m, %m1\n"
+    "%p0 = load @param : bf16\n"
+    "%p0f = cvt %p0 : f32\n"
+    "%lr = input 0.01 : f64\n"
+    "%lrf = cvt %lr : f32\n"
+    "%p1f = fma %m1, %lrf, %p0f : f32\n"
+    "%p1 = cvt %p1f : bf16\n"
+    "store @param, %p1\n"
+    "%gsq = reduce sumsq %gf to step : f64\n"
+    "%mmax = reduce absmax %m1 to step : f64\n";
 
 /* ---- building kernel modules ---------------------------------------------------------------- */
 
@@ -504,6 +528,10 @@ int main(int argc, char **argv) {
   int transc = n;
   case_init(&cases[n], "pow, exp, log per element", build_optir("transc.optir", transc_optir, a), a, n);
   n++;
+  a = arena_new();
+  int stored = n;
+  case_init(&cases[n], "stores in a phase with reductions", build_optir("stored.optir", stored_optir, a), a, n);
+  n++;
   double t1 = now_seconds();
 
   /* the driver stand-in and every kernel module, in parallel */
@@ -540,6 +568,8 @@ int main(int argc, char **argv) {
       run_case(&cases[sink], TY_BF16, TY_BF16);
     if (cases[transc].g)
       run_case(&cases[transc], TY_F32, TY_F32);
+    if (cases[stored].g)
+      run_case(&cases[stored], TY_BF16, TY_BF16);
     /* adamw bf16 clip sr: the 64-bit, unaligned and non-finite cases */
     int adamw_bf16 = 0;
     while (adamw_bf16 < nmatrix && strcmp(cases[adamw_bf16].name, "adamw bf16 clip sr"))
@@ -550,6 +580,8 @@ int main(int argc, char **argv) {
         test_chunk_partials(&cases[i], (Type)cases[i].g->bufs[0].type, (Type)cases[i].g->bufs[1].type);
     if (cases[sink].g)
       test_chunk_partials(&cases[sink], TY_BF16, TY_BF16);
+    if (cases[stored].g)
+      test_chunk_partials(&cases[stored], TY_BF16, TY_BF16);
     test_unaligned(&cases[adamw_bf16]);
     test_nonfinite(&cases[adamw_bf16]);
     int adamw_mixed = 0;

@@ -42,7 +42,7 @@ static int64_t max_ulps(const float *a, const float *b, int64_t n, int64_t *wher
 
 /* ---- programs ------------------------------------------------------------------------------ */
 
-/* The same two programs as test_cuda_emu's. */
+/* The same three programs as test_cuda_emu's. */
 static const char sink_optir[] =
     "param @param : bf16\ngrad @grad : bf16\nstate @m : f16 = 0.0\nstate @acc : f64 = 0.0\n"
     "state @w : f32 = param\n%seed = input 11 : i64\n%step = input in [1.0, inf) : f64\n"
@@ -77,6 +77,13 @@ static const char transc_optir[] =
     "%a = abs %g : f32\n%e = exp %g : f32\n%a1 = add %a, %one : f32\n%l = log %a1 : f32\n%pw = pow %a1, %p : f32\n"
     "%pd = cvt %p : f64\n%ed = exp %pd : f64\n%edf = cvt %ed : f32\n%s1 = add %e, %l : f32\n"
     "%s2 = add %s1, %pw : f32\n%s3 = mul %s2, %edf : f32\nstore @param, %s3\n";
+
+static const char stored_optir[] =
+    "param @param : bf16\ngrad @grad : bf16\nstate @m : f32 = 0.0\n%g = load @grad : bf16\n%gf = cvt %g : f32\n"
+    "%m0 = load @m : f32\n%b = input 0.9 : f64\n%bf = cvt %b : f32\n%m1 = fma %m0, %bf, %gf : f32\nstore @m, %m1\n"
+    "%p0 = load @param : bf16\n%p0f = cvt %p0 : f32\n%lr = input 0.01 : f64\n%lrf = cvt %lr : f32\n"
+    "%p1f = fma %m1, %lrf, %p0f : f32\n%p1 = cvt %p1f : bf16\nstore @param, %p1\n"
+    "%gsq = reduce sumsq %gf to step : f64\n%mmax = reduce absmax %m1 to step : f64\n";
 
 static double compile_ms;
 static int ncompiles;
@@ -439,6 +446,12 @@ int main(void) {
   g = build_optir("transc.optir", transc_optir, a);
   if (g)
     run_case("pow, exp, log per element", g, TY_F32, TY_F32, false);
+  g = build_optir("stored.optir", stored_optir, a);
+  CHECK(g, "the program that stores and reduces in one phase builds");
+  if (g) {
+    run_case("stores in a phase with reductions", g, TY_BF16, TY_BF16, true);
+    test_chunk_partials("stores and reductions: chunk partials", g, TY_BF16, TY_BF16);
+  }
   arena_free(a);
 
   a = arena_new();
