@@ -127,7 +127,6 @@ static const char helpers[] =
     "OPTC_FN double optc_signd(double x) { return (double)((0.0 < x) - (x < 0.0)); }\n"
 
     "OPTC_FN bool optc_isfinite(double x) { return fabs(x) <= 1.7976931348623157e308; }\n"
-    "OPTC_FN double optc_sqd(double x) { return x * x; }\n"
     "OPTC_FN long long optc_to_int(double d, bool i32) {\n"
     "  const double lo = i32 ? -2147483648.0 : -9223372036854775808.0;\n"
     "  const double hi = i32 ? 2147483647.0 : 9223372036854775807.0;\n"
@@ -334,7 +333,7 @@ static void name_values(E *e) {
   for (int b = 0; b < g->nbufs; b++) {
     e->bstem[b] = sanitize(e->a, g->bufs[b].name);
     for (int k = 0; k < b; k++)
-      if (!strcmp(e->bstem[b], e->bstem[k])) { /* "a.b" and "a_b": p_a_b and p_a_b_1 */
+      if (!strcmp(e->bstem[b], e->bstem[k])) { /* "a.b" and "a_b": p_a_b, then p_a_b_<b> */
         e->bstem[b] = arena_printf(e->a, "%s_%d", e->bstem[b], b);
         break;
       }

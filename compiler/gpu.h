@@ -24,7 +24,7 @@ typedef struct {
   int red_threads;   /* ... of a phase with reductions, 8 per chunk; 0: 128 */
   int min_blocks;    /* blocks per SM an element-wise kernel is compiled for (its
                         register budget, __launch_bounds__); 0: 1, no bound
-                        beyond the block size (8 spills in larger programs) */
+                        beyond the block size (8 made larger optimizers spill) */
   bool no_cache;     /* also off when OPTC_CACHE=0 */
 } CudaTarget;
 

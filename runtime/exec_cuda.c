@@ -268,7 +268,6 @@ struct CudaExec {
   Scalar *tvals;        /* (ntensors * nins) */
   double *partials;     /* (nchunks * maxred), page-locked */
   bool profile;
-  double kernel_ms;
   double *phase_ms;     /* (nkernels) the last step's time of each kernel, when profiling */
 };
 
@@ -454,7 +453,12 @@ int cuda_exec_upload(CudaExec *x, void *const *bufs) { return copy_bufs(x, bufs,
 int cuda_exec_download(CudaExec *x, void *const *bufs) { return copy_bufs(x, bufs, false); }
 
 void cuda_exec_profile(CudaExec *x, bool on) { x->profile = on; }
-double cuda_exec_kernel_ms(const CudaExec *x) { return x->kernel_ms; }
+double cuda_exec_kernel_ms(const CudaExec *x) {
+  double ms = 0;
+  for (int k = 0; k < x->nkernels; k++)
+    ms += x->phase_ms[k];
+  return ms;
+}
 double cuda_exec_phase_ms(const CudaExec *x, int k) { return k >= 0 && k < x->nkernels ? x->phase_ms[k] : 0; }
 
 /* Kernel k over every chunk, cpb chunks per block, in launches of at most
@@ -480,7 +484,6 @@ static bool launch(CudaExec *x, int k) {
     float ms = 0;
     ok = ok && CU_CHECK(drv.EventRecord(b, NULL)) && CU_CHECK(drv.EventSynchronize(b)) &&
          CU_CHECK(drv.EventElapsedTime(&ms, a, b));
-    x->kernel_ms += ms;
     x->phase_ms[k] = ms;
     drv.EventDestroy(a);
     drv.EventDestroy(b);
@@ -497,7 +500,6 @@ int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res) {
   const GroupLayout *l = x->l;
   const Plan *p = g->plan;
   memset(res, 0, sizeof *res);
-  x->kernel_ms = 0;
   memset(x->phase_ms, 0, sizeof(double) * (size_t)x->nkernels);
   if (!driver() || !ensure_bufs(x))
     return -1;
