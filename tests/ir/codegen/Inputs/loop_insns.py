@@ -6,9 +6,9 @@ unconditional jump in the same function jumps back to; its body is the
 instructions from the label to that jump (the last such jump), inner labels
 included. For each function (optc_phaseN) it prints, of the innermost loops
 (no other loop starts inside), the hot one: of those that prefetch (every
-full-vector loop does; the masked tail, whose block layout can look like a
-loop, does not) and have at least half the most vector (zmm/ymm)
-instructions, the one with the fewest divider
+full-vector loop does, but on AMD CPUs, where none does; the masked tail,
+whose block layout can look like a loop, does not) and have at least half
+the most vector (zmm/ymm) instructions, the one with the fewest divider
 ops (vdivps, vsqrtps), then the fewest vector instructions (a fused body's
 loop for chunks in none of torch's remainders, beside the one that tests
 each element's place). Where optc emits
