@@ -22,14 +22,22 @@ clip_grad_norm_(max_norm=1.0). Competitors:
   optc fused         the same with fused=True: torch fused=True's bits
 
 torch's scale and clip run eagerly around its step, as in torchtune's
-recipe; optc's run inside its step. Each is timed for --reps steps after
---warmup steps; the median is reported with the fastest and slowest. GB/s
-counts the traffic model's bytes (optc_step_bytes_per_element of optc's
-program, times the elements) for every competitor: the same useful work.
-The ceiling is an in-place update a += s*b (torch, f64, 24 B/element,
-best of --reps) over as many bytes as the step's buffers, measured in the
-same run. optc's first step (its states' allocation, its compile with the
-disk cache off, and the step) is reported too.
+recipe; optc's run inside its step. GB/s counts the traffic model's bytes
+(optc_step_bytes_per_element of optc's program, times the elements) for
+every competitor: the same useful work. The ceiling is an in-place update
+a += s*b (torch, f64, 24 B/element) over as many bytes as the step's
+buffers.
+
+The competitors run in turns: each case is --warmup + --reps rounds, and a
+round times the ceiling once and every competitor's step once, in an order
+that rotates from round to round. A machine whose memory bandwidth drifts
+(a shared VM's moves by half between one minute and the next) moves every
+figure of a round together, so the ratios are taken within rounds: a
+speed-up is the median over rounds of one step's time over the other's,
+and % ceiling the median of the step's GB/s over the ceiling's in the same
+round. Times are the median, fastest and slowest over the rounds. optc's
+first step (its states' allocation, its compile with the disk cache off,
+and the step) is reported too.
 """
 import argparse
 import functools
@@ -80,34 +88,50 @@ def scaled_mix(n):
 
 # ---- timing -------------------------------------------------------------------------------------
 
-def timed(fn, reps, warmup, before=None):
-    """Median, fastest and slowest of reps calls (ms), after warmup calls;
-    before() runs untimed ahead of each call."""
-    times = []
-    for i in range(warmup + reps):
-        if before:
+class Ceiling:
+    """In-place a += s*b in f64 over nbytes of a and b: once() is the
+    faster of two updates' GB/s (24 B/element, STREAM's count; STREAM takes
+    the best of its runs)."""
+
+    def __init__(self, torch, nbytes):
+        self.n = max(1, nbytes // 16)
+        self.a = torch.empty(self.n, dtype=torch.float64).uniform_()
+        self.b = torch.empty(self.n, dtype=torch.float64).uniform_()
+        self.a.add_(self.b, alpha=1e-9)  # its pages touched
+
+    def once(self):
+        best = math.inf
+        for _ in range(2):
+            t0 = time.perf_counter()
+            self.a.add_(self.b, alpha=1e-9)
+            best = min(best, time.perf_counter() - t0)
+        return 24 * self.n / best / 1e9
+
+
+def in_turns(steps, ceiling, rounds, warmup, before):
+    """steps: {name: fn}. Runs warmup + rounds rounds; a round times
+    ceiling() once and each step once (before() untimed ahead of each), the
+    steps in an order rotated by one each round. Returns ({name: [ms]},
+    [ceiling GB/s]) of the timed rounds, index r being round r's."""
+    names = list(steps)
+    times, ceil = {k: [] for k in names}, []
+    for r in range(warmup + rounds):
+        g = ceiling()
+        got = {}
+        for k in names[r % len(names):] + names[:r % len(names)]:
             before()
-        t0 = time.perf_counter()
-        fn()
-        t = (time.perf_counter() - t0) * 1e3
-        if i >= warmup:
-            times.append(t)
-    return dict(ms=statistics.median(times), ms_min=min(times), ms_max=max(times), reps=reps)
+            t0 = time.perf_counter()
+            steps[k]()
+            got[k] = (time.perf_counter() - t0) * 1e3
+        if r >= warmup:
+            ceil.append(g)
+            for k in names:
+                times[k].append(got[k])
+    return times, ceil
 
 
-def ceiling(torch, nbytes, reps):
-    """In-place a += s*b in f64 over nbytes of a and b: GB/s (24 B/element),
-    best of reps, as STREAM reports."""
-    n = max(1, nbytes // 16)
-    a = torch.empty(n, dtype=torch.float64).uniform_()
-    b = torch.empty(n, dtype=torch.float64).uniform_()
-    best = math.inf
-    for _ in range(reps + 1):
-        t0 = time.perf_counter()
-        a.add_(b, alpha=1e-9)
-        best = min(best, time.perf_counter() - t0)
-    del a, b
-    return 24 * n / best / 1e9
+def summary(ms):
+    return dict(ms=statistics.median(ms), ms_min=min(ms), ms_max=max(ms), reps=len(ms))
 
 
 def cpu_model():
@@ -150,8 +174,7 @@ def bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out):
     buf_bytes = total * 4 * esize
     print(f"\n{dname}: {total:,} elements in {len(sizes)} tensors, {buf_bytes / (1 << 30):.2f} GiB of params, "
           f"grads and states")
-    ceil = ceiling(torch, buf_bytes, args.reps)
-    print(f"  in-place ceiling (a += s*b, f64, best of {args.reps}): {ceil:.1f} GB/s")
+    ceiling = Ceiling(torch, buf_bytes)
 
     def restore():
         torch._foreach_copy_(grads, saved)
@@ -162,9 +185,10 @@ def bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out):
         if clip:
             torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
 
-    results = {c: {} for c in CASES}
+    steps = {}  # competitor -> case -> its step
     first = {}
     bpe = {}
+    keep = []  # the optimizers, alive until every case has run
     for comp in comps:
         gc.collect()
         if comp in OPTC:
@@ -175,7 +199,7 @@ def bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out):
                 opt.fused_step()
             first[comp, "plain"] = dict(ms=(time.perf_counter() - t0) * 1e3,
                                         compile_ms=(capi.step_new_seconds - built0) * 1e3)
-            steps = {"plain": opt.fused_step,
+            steps[comp] = {"plain": opt.fused_step,
                      "scale": functools.partial(opt.fused_step, grad_scale=world_size / num_tokens),
                      "scale+clip": functools.partial(opt.fused_step, grad_scale=world_size / num_tokens,
                                                      max_norm=max_norm)}
@@ -183,14 +207,13 @@ def bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out):
                 restore()
                 built0 = capi.step_new_seconds
                 t0 = time.perf_counter()
-                steps[c]()
+                steps[comp][c]()
                 first[comp, c] = dict(ms=(time.perf_counter() - t0) * 1e3,
                                       compile_ms=(capi.step_new_seconds - built0) * 1e3)
             for c in CASES:
                 clip = capi.OPTC_CLIP_NORM if c == "scale+clip" else capi.OPTC_CLIP_NONE
                 bpe[c] = opt._optc_programs[next(k for k in opt._optc_programs if k[1] == clip)].bytes_per_element
-                results[c][comp] = timed(steps[c], args.reps, args.warmup, restore)
-            del opt
+            keep.append(opt)
             continue
         # torchtune's config says fused: False and leaves foreach to torch (the for-loop on the CPU)
         kw = {"for-loop": dict(foreach=False), "foreach": dict(foreach=True), "fused": dict(fused=True),
@@ -212,42 +235,47 @@ def bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out):
                 scale_and_clip(clip)
             step()
 
-        results["plain"][comp] = timed(step, args.reps, args.warmup, restore)
-        results["scale"][comp] = timed(with_scale, args.reps, args.warmup, restore)
-        results["scale+clip"][comp] = timed(functools.partial(with_scale, clip=True), args.reps, args.warmup,
-                                            restore)
-        del opt, step
-        if comp == "compile":
-            torch._dynamo.reset()
+        steps[comp] = {"plain": step, "scale": with_scale, "scale+clip": functools.partial(with_scale, clip=True)}
+        keep.append(opt)
 
     for c in CASES:
         name = dname + CASES[c]
         clip = c == "scale+clip"
-        res = results[c]
+        ms, ceils = in_turns({comp: steps[comp][c] for comp in comps}, ceiling.once, args.reps, args.warmup, restore)
+        step_gb = bpe[c] * total / 1e9
         mine = [c for c in OPTC if c in comps]  # the speed-up columns: optc's time over the competitor's
+        ceil = statistics.median(ceils)
         print(f"\n  {name}: traffic model {bpe[c]} B/element "
-              f"({'two passes' if clip else 'one pass'}), {bpe[c] * total / 1e9:.2f} GB a step")
+              f"({'two passes' if clip else 'one pass'}), {step_gb:.2f} GB a step; the competitors in turns, "
+              f"{args.reps} rounds")
+        print(f"  in-place ceiling (a += s*b, f64, the faster of two a round): median {ceil:.1f} GB/s "
+              f"({min(ceils):.1f}-{max(ceils):.1f})")
         print(f"  {'':22s} {'ms/step':>9s} {'min':>8s} {'max':>8s} {'GB/s':>7s} {'% ceiling':>9s} "
               + "".join(f"{'vs ' + LABELS[o]:>19s}" for o in mine))
         first0 = first[mine[0], c]
         case = dict(dtype=dname, case=c, scale=c != "plain", clip=clip, elements=total, tensors=len(sizes),
-                    buffer_bytes=buf_bytes, bytes_per_element=bpe[c], ceiling_gbs=ceil, results={},
+                    buffer_bytes=buf_bytes, bytes_per_element=bpe[c], ceiling_gbs=ceil,
+                    ceiling_gbs_min=min(ceils), ceiling_gbs_max=max(ceils), ceiling_rounds_gbs=ceils, results={},
                     optc_first_step_ms=first0["ms"], optc_compile_ms=first0["compile_ms"])
         for comp in comps:
-            r = res[comp]
-            gbs = bpe[c] * total / (r["ms"] * 1e-3) / 1e9
-            speed = {o: r["ms"] / res[o]["ms"] for o in mine if o != comp}
-            case["results"][comp] = dict(r, gbs=gbs, pct_ceiling=100 * gbs / ceil,
+            r = summary(ms[comp])
+            gbs = step_gb / (r["ms"] * 1e-3)
+            pct = statistics.median(100 * step_gb / (t * 1e-3) / g for t, g in zip(ms[comp], ceils))
+            speed = {o: statistics.median(t / u for t, u in zip(ms[comp], ms[o])) for o in mine if o != comp}
+            case["results"][comp] = dict(r, rounds_ms=ms[comp], gbs=gbs, pct_ceiling=pct,
                                          optc_speedup=speed.get("optc"), optc_fused_speedup=speed.get("optc-fused"))
             sp = "".join(f"{f'{speed[o]:.2f}x' if o in speed else '':>19s}" for o in mine)
             print(f"  {LABELS[comp]:22s} {r['ms']:9.1f} {r['ms_min']:8.1f} {r['ms_max']:8.1f} {gbs:7.1f} "
-                  f"{100 * gbs / ceil:8.0f}% {sp}")
+                  f"{pct:8.0f}% {sp}")
         for o in mine:
             f = first[o, c]
             print(f"  {LABELS[o]}'s first step: {f['ms']:.1f} ms"
                   f"{' (allocating the states)' if c == 'plain' else ''}, of which compiling "
                   f"{f['compile_ms']:.1f} ms{' (disk cache off)' if not args.warm_cache else ''}")
         out["cases"].append(case)
+    del keep, steps, ceiling
+    if "compile" in comps:
+        torch._dynamo.reset()
 
 
 def main(argv=None):

@@ -1,0 +1,64 @@
+"""python -m optc.bench: its competitors run in turns (in_turns), and a
+small run prints every case and writes JSON whose ratios are the medians
+of the rounds' own ratios."""
+import json
+import os
+import statistics
+import sys
+
+from conftest import ROOT
+
+try:
+    import optc.bench as bench
+except ImportError:
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    for m in [m for m in sys.modules if m == "optc" or m.startswith("optc.")]:
+        del sys.modules[m]
+    import optc.bench as bench
+
+
+def test_in_turns_rotates_and_pairs():
+    calls = []
+    ceil = iter(range(100, 200))
+
+    def step(name):
+        return lambda: calls.append(name)
+
+    steps = {k: step(k) for k in "abc"}
+    befores = []
+    times, ceils = bench.in_turns(steps, lambda: next(ceil), rounds=4, warmup=2,
+                                  before=lambda: befores.append(len(calls)))
+    # every round runs each step once, in an order rotated by one a round
+    rounds = [calls[3 * r:3 * r + 3] for r in range(6)]
+    assert rounds == [list("abc"), list("bca"), list("cab"), list("abc"), list("bca"), list("cab")]
+    assert befores == list(range(18))  # before() ahead of every step
+    # the warm-up rounds are left out; round r's ceiling is the r-th kept
+    assert ceils == [102, 103, 104, 105]
+    assert all(len(v) == 4 and all(t >= 0 for t in v) for v in times.values())
+
+
+def test_small_run_json(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    rc = bench.main(["--gib", "0.01", "--dtypes", "bf16", "--competitors", "fused,optc,optc-fused",
+                     "--reps", "3", "--warmup", "1", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "the competitors in turns, 3 rounds" in text
+    doc = json.loads(out.read_text())
+    assert [c["case"] for c in doc["cases"]] == ["plain", "scale", "scale+clip"]
+    for case in doc["cases"]:
+        assert case["ceiling_gbs_min"] <= case["ceiling_gbs"] <= case["ceiling_gbs_max"]
+        res = case["results"]
+        assert set(res) == {"fused", "optc", "optc-fused"}
+        gb = case["bytes_per_element"] * case["elements"] / 1e9
+        for r in res.values():
+            ms = r["rounds_ms"]
+            assert len(ms) == 3 and r["ms"] == statistics.median(ms) and (r["ms_min"], r["ms_max"]) == (min(ms), max(ms))
+            # % ceiling within each round, then the median
+            pct = [100 * gb / (t * 1e-3) / g for t, g in zip(ms, case["ceiling_rounds_gbs"])]
+            assert r["pct_ceiling"] == statistics.median(pct)
+        # a speed-up is the median of the rounds' ratios, not a ratio of medians
+        for comp in ("fused", "optc-fused"):
+            ratios = [t / u for t, u in zip(res[comp]["rounds_ms"], res["optc"]["rounds_ms"])]
+            assert res[comp]["optc_speedup"] == statistics.median(ratios)
+        assert res["optc"]["optc_speedup"] is None
