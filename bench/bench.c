@@ -14,8 +14,12 @@
  * Bandwidth is counted with the traffic model's bytes (the compiled plan's
  * bytes per element, the least the step can move), so the strategies are
  * compared on the same useful work; eager's own traffic is shown beside it.
- * Each strategy runs warm-up steps, then --reps timed steps; the median is
- * reported with the spread. The workload is the tensor-size mix of the
+ * The strategies run in turns: two warm-up rounds, then --reps timed ones; a
+ * round times the in-place update once and each strategy's step once, in
+ * an order that rotates, and % of the update is the median of each round's
+ * own ratio (a shared VM's bandwidth drifts by half within a minute; the
+ * update timed beside the step moves with it). Times are the median and
+ * spread over the rounds. The workload is the tensor-size mix of the
  * recipe's model (Scout's by default), scaled to --params elements, at least
  * 1 GiB of buffers by default so that no cache holds it. */
 #include "../compiler/passes.h"
@@ -59,7 +63,8 @@ static const char usage[] =
     "  --threads N          threads for compiled, fused-reference and the ceiling (default: all cores)\n"
     "  --cpu NAME           compile the compiled step for another CPU (e.g. haswell: AVX2 only);\n"
     "                       without it the step runs through the public API (include/optc.h)\n"
-    "  --reps N             timed steps per strategy (default 5), after 2 warm-up steps\n"
+    "  --reps N             timed rounds (default 5), after 2 warm-up ones: a round runs\n"
+    "                       each strategy once, and the in-place update beside them\n"
     "  --strategies LIST    comma-separated subset (default: all four)\n"
     "  --json FILE          also write the results as JSON\n"
     "  --plot FILE.png      also plot them (gnuplot)\n"
@@ -73,6 +78,7 @@ typedef struct {
   double ms_median, ms_min, ms_max;
   double moved_bytes_per_elem; /* the strategy's own traffic */
   double cycles_per_elem;      /* every thread's cycles over the timed steps, per element per step */
+  double pct_update;           /* the median over rounds of its GB/s over the round's in-place update */
   char note[96];
 } Result;
 
@@ -85,7 +91,7 @@ static int cmp_double(const void *a, const void *b) {
 static Result timed_result(double *times, int reps, double moved_bytes_per_elem) {
   qsort(times, (size_t)reps, sizeof(double), cmp_double);
   double median = reps % 2 ? times[reps / 2] : (times[reps / 2 - 1] + times[reps / 2]) / 2;
-  return (Result){true, median, times[0], times[reps - 1], moved_bytes_per_elem, 0, ""};
+  return (Result){true, median, times[0], times[reps - 1], moved_bytes_per_elem, 0, 0, ""};
 }
 
 /* One row of the JSON's results[]: the fields tests/bench/schema.py checks,
@@ -125,32 +131,45 @@ static void stream_range(void *ctx, int64_t lo, int64_t hi) {
       st->a[i] = 1.0, st->b[i] = 2.0, st->c[i] = 0.5;
 }
 
+/* Three arrays of n doubles, first touched by the threads that use the pages. */
+static Stream stream_new(ThreadPool *pool, int64_t n) {
+  Stream st = {malloc(sizeof(double) * (size_t)n), malloc(sizeof(double) * (size_t)n),
+               malloc(sizeof(double) * (size_t)n), 3.0, 3};
+  ASSERT(st.a && st.b && st.c);
+  pool_run(pool, stream_range, &st, n);
+  return st;
+}
+
+static void stream_free(Stream *st) {
+  free(st->a);
+  free(st->b);
+  free(st->c);
+}
+
+/* GB/s of one run of a kind over n elements (STREAM's bytes). */
+static double stream_once(ThreadPool *pool, Stream *st, int64_t n, int kind) {
+  st->kind = kind;
+  double t0 = now_seconds();
+  pool_run(pool, stream_range, st, n);
+  double dt = now_seconds() - t0;
+  return (double)n * (kind == 0 ? 16 : 24) / dt / 1e9;
+}
+
 /* Best of reps, as STREAM reports: GB/s of copy (16 B/elem), triad (24)
  * and the in-place update (24). STREAM counts the bytes a loop asks for;
  * copy and triad also make DRAM read each written line first
  * (write-allocate), which they do not count, so an in-place loop like the
  * optimizer's can count more GB/s than triad. update shows that ceiling. */
-static void measure_ceiling(ThreadPool *pool, int64_t n, int reps, double *copy, double *triad, double *update) {
-  Stream st = {malloc(sizeof(double) * (size_t)n), malloc(sizeof(double) * (size_t)n),
-               malloc(sizeof(double) * (size_t)n), 3.0, 3};
-  ASSERT(st.a && st.b && st.c);
-  pool_run(pool, stream_range, &st, n); /* first touch, by the threads that use the pages */
+static void measure_ceiling(ThreadPool *pool, Stream *st, int64_t n, int reps, double *copy, double *triad,
+                            double *update) {
   double *best[3] = {copy, triad, update};
   *copy = *triad = *update = 0;
-  for (int r = 0; r < reps + 1; r++) {
+  for (int r = 0; r < reps + 1; r++)
     for (int kind = 0; kind < 3; kind++) {
-      st.kind = kind;
-      double t0 = now_seconds();
-      pool_run(pool, stream_range, &st, n);
-      double dt = now_seconds() - t0;
-      double gbps = (double)n * (kind == 0 ? 16 : 24) / dt / 1e9;
+      double gbps = stream_once(pool, st, n, kind);
       if (r > 0) /* the first round warms up */
         *best[kind] = MAX(*best[kind], gbps);
     }
-  }
-  free(st.a);
-  free(st.b);
-  free(st.c);
 }
 
 /* ---- cycles ----------------------------------------------------------------------------------
@@ -626,8 +645,10 @@ int bench_optimizer(int argc, char **argv) {
   }
 
   double copy_gbps, triad_gbps, update_gbps;
-  measure_ceiling(pool, MAX(n, (int64_t)16 << 20), 3, &copy_gbps, &triad_gbps, &update_gbps);
-  printf("  ceiling: copy %.1f GB/s, triad %.1f GB/s, in-place update %.1f GB/s (STREAM-style, %d threads, same run)\n\n",
+  int64_t nstream = MAX(n, (int64_t)16 << 20);
+  Stream st = stream_new(pool, nstream);
+  measure_ceiling(pool, &st, nstream, 3, &copy_gbps, &triad_gbps, &update_gbps);
+  printf("  ceiling: copy %.1f GB/s, triad %.1f GB/s, in-place update %.1f GB/s (STREAM-style, %d threads, same run)\n",
          copy_gbps, triad_gbps, update_gbps, threads);
   /* remembered for `optc plan`'s default bandwidth */
   if (n * bytes_per_buffer_elem >= (int64_t)1 << 30) {
@@ -657,21 +678,26 @@ int bench_optimizer(int argc, char **argv) {
   fr.n = n;
 
   Result res[NUM_STRATEGIES] = {0};
-  double step = 0;
+  int order[NUM_STRATEGIES], nrun = 0; /* the strategies that run, in a round's first order */
   for (int s = 0; s < NUM_STRATEGIES; s++) {
     if (!run[s])
       continue;
-    if (s == S_FUSED && !fused_ok) {
+    if (s == S_FUSED && !fused_ok)
       snprintf(res[s].note, sizeof res[s].note, "n/a: written for AdamW without SR or master weights");
-      continue;
-    }
-    if (s == S_COMPILED && !prog) {
+    else if (s == S_COMPILED && !prog)
       snprintf(res[s].note, sizeof res[s].note, "n/a: %s", cpu_backend_available() ? "compile failed" : "built without LLVM");
-      continue;
-    }
-    double *times = calloc((size_t)reps, sizeof(double));
-    double cycles = 0;
-    for (int rep = -2; rep < reps; rep++) {
+    else
+      order[nrun++] = s;
+  }
+  double *times = calloc((size_t)(NUM_STRATEGIES * reps), sizeof(double)), *upd = calloc((size_t)reps, sizeof(double));
+  double cycles[NUM_STRATEGIES] = {0}, step = 0;
+  ASSERT(times && upd);
+  for (int rep = -2; rep < reps; rep++) {
+    double u = stream_once(pool, &st, nstream, 2);
+    if (rep >= 0)
+      upd[rep] = u;
+    for (int q = 0; q < nrun; q++) {
+      int s = order[(q + rep + 2) % nrun];
       step += 1;
       if (sref != NOREF)
         vals[sref] = step;
@@ -702,12 +728,26 @@ int bench_optimizer(int argc, char **argv) {
       double dt = (now_seconds() - t0) * 1e3;
       double dc = cycles_now(&cyc) - c0;
       if (rep >= 0)
-        times[rep] = dt, cycles += dc;
+        times[s * reps + rep] = dt, cycles[s] += dc;
     }
-    res[s] = timed_result(times, reps, s <= S_FOREACH ? eager_bytes : plan_bytes);
-    res[s].cycles_per_elem = cycles / ((double)reps * (double)n);
-    free(times);
   }
+  for (int q = 0; q < nrun; q++) {
+    int s = order[q];
+    double *t = times + s * reps, *pct = calloc((size_t)reps, sizeof(double));
+    ASSERT(pct);
+    for (int k = 0; k < reps; k++) /* this round's step over this round's update */
+      pct[k] = 100 * (double)n * plan_bytes / (t[k] * 1e-3) / 1e9 / upd[k];
+    res[s] = timed_result(t, reps, s <= S_FOREACH ? eager_bytes : plan_bytes);
+    res[s].pct_update = timed_result(pct, reps, 0).ms_median;
+    res[s].cycles_per_elem = cycles[s] / ((double)reps * (double)n);
+    free(pct);
+  }
+  Result upd_r = timed_result(upd, reps, 0);
+  printf("  in-place update once a round, beside the steps: median %.1f GB/s (%.1f-%.1f)\n\n", upd_r.ms_median,
+         upd_r.ms_min, upd_r.ms_max);
+  free(times);
+  free(upd);
+  stream_free(&st);
   pg.g = g;
   GpuResult gpu = {0};
   bool gpu_ran = run[S_COMPILED] && bench_gpu(g, &pg, vals, reps, &gpu);
@@ -735,10 +775,10 @@ int bench_optimizer(int argc, char **argv) {
     else
       snprintf(vs, sizeof vs, "-");
     printf("  %-16s %10.2f %14s %9.1f %8.1f%% %8.1f%% %12.3g %10s %9.2f\n", strategy_names[s], res[s].ms_median, spread,
-           gbps, pct, 100 * gbps / update_gbps, elems / (res[s].ms_median * 1e-3), vs, res[s].cycles_per_elem);
+           gbps, pct, res[s].pct_update, elems / (res[s].ms_median * 1e-3), vs, res[s].cycles_per_elem);
     json_t *o = result_json(strategy_names[s], "cpu", layout_name, clip, &res[s], elems, plan_bytes, triad_gbps,
                             &res[S_EAGER]);
-    json_object_set_new(o, "pct_of_update", json_real(100 * gbps / update_gbps));
+    json_object_set_new(o, "pct_of_update", json_real(res[s].pct_update));
     json_object_set_new(o, "cycles_per_element", json_real(res[s].cycles_per_elem));
     json_array_append_new(results, o);
   }
@@ -786,6 +826,9 @@ int bench_optimizer(int argc, char **argv) {
         "optimizer", r->component, "model", model.component, "elements", (json_int_t)n, "tensors", ntensors,
         "bytes_per_element", plan_bytes, "eager_bytes_per_element", eager_bytes);
     json_object_set_new(root, "optc", json_pack("{s:s, s:s}", "version", OPTC_VERSION, "llvm", LLVM_VERSION_TEXT));
+    /* the update timed once a round beside the steps: what pct_of_update divides by, round by round */
+    json_object_set_new(json_object_get(root, "ceiling"), "update_in_rounds_gbps",
+                        json_pack("{s:f, s:f, s:f}", "median", upd_r.ms_median, "min", upd_r.ms_min, "max", upd_r.ms_max));
     if (json_path) {
       char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
       if (file_write_atomic_with(json_path, write_text, text) != 0)

@@ -44,13 +44,15 @@ for k in ("cpu", "cores", "threads", "date"):
 positive(b["machine"]["cores"], "machine.cores")
 for k in ("copy_gbps", "triad_gbps", "update_gbps"):
     positive(b["ceiling"][k], "ceiling." + k)
+rounds = b["ceiling"]["update_in_rounds_gbps"]
+need(0 < rounds["min"] <= rounds["median"] <= rounds["max"], "ceiling.update_in_rounds_gbps: min <= median <= max")
 strategies = {r["strategy"] for r in b["results"]}
 need(strategies == {"eager", "foreach", "fused-reference", "compiled"}, "strategies: %s" % sorted(strategies))
 for r in b["results"]:
     need(r["backend"] in ("cpu", "cuda"), "backend %r" % r.get("backend"))
     need(r["clip"] is True, "clip flag")
     need(isinstance(r["layout"], str), "layout")
-    for k in ("ms_median", "gbps", "pct_of_triad", "speedup_vs_eager", "params_per_s"):
+    for k in ("ms_median", "gbps", "pct_of_triad", "pct_of_update", "speedup_vs_eager", "params_per_s"):
         positive(r[k], "%s.%s" % (r["strategy"], k))
     need(r["ms_min"] <= r["ms_median"] <= r["ms_max"], "%s: min <= median <= max" % r["strategy"])
 eager = [r for r in b["results"] if r["strategy"] == "eager"][0]
