@@ -1,7 +1,8 @@
 /* gpu_bench: optc's compiled step on a GPU, for bench/gpu_check.sh.
  *
  *   gpu_bench [--params N] [--layout fp32|bf16|bf16-fp32states] [--no-clip]
- *             [--reps N] [--json FILE] [--threads N] [--red-threads N] [--min-blocks N]
+ *             [--reps N] [--json FILE] [--threads N] [--red-threads N] [--red-lanes N]
+ *             [--min-blocks N]
  *
  * Scale_grads, clip_grad_norm (max_norm 1.0) and AdamW over N parameters
  * (default 2^30) in the tensor mix gpu_torch.py uses, the buffers filled
@@ -11,9 +12,9 @@
  * back, folded, synchronized) and of its kernels alone (events), the
  * traffic model's bytes per element, each kernel's own time and GB/s,
  * and the device-to-device copy bandwidth measured in the same run, the
- * ceiling a streaming step can reach. --threads, --red-threads and
- * --min-blocks set the emitter's launch shape (CudaTarget), to compare
- * shapes on one device (bench/gpu_shapes.sh). */
+ * ceiling a streaming step can reach. --threads, --red-threads,
+ * --red-lanes and --min-blocks set the emitter's launch shape
+ * (CudaTarget), to compare shapes on one device (bench/gpu_shapes.sh). */
 #include "../compiler/gpu.h"
 #include "../compiler/passes.h"
 #include "../runtime/rt.h"
@@ -101,11 +102,13 @@ int main(int argc, char **argv) {
       shape.threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--red-threads") && i + 1 < argc)
       shape.red_threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--red-lanes") && i + 1 < argc)
+      shape.red_lanes = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--min-blocks") && i + 1 < argc)
       shape.min_blocks = atoi(argv[++i]);
     else {
       fprintf(stderr, "usage: gpu_bench [--params N] [--layout fp32|bf16|bf16-fp32states] [--no-clip] [--reps N] "
-                      "[--json FILE] [--threads N] [--red-threads N] [--min-blocks N]\n");
+                      "[--json FILE] [--threads N] [--red-threads N] [--red-lanes N] [--min-blocks N]\n");
       return 2;
     }
   }
@@ -229,10 +232,10 @@ int main(int argc, char **argv) {
             "{\"variant\": \"optc\", \"layout\": \"%s\", \"clip\": %s, \"params\": %lld, \"tensors\": %d, "
             "\"bytes_per_element\": %d, \"ms\": %.6f, \"kernel_ms\": %.6f, \"copy_GBps\": %.3f, "
             "\"compile_ms\": %.3f, \"cache_hit_ms\": %.3f, \"grad_sumsq\": %.17g, \"threads\": %d, "
-            "\"red_threads\": %d, \"min_blocks\": %d, \"phase_ms\": [",
+            "\"red_threads\": %d, \"red_lanes\": %d, \"min_blocks\": %d, \"phase_ms\": [",
             layout, clip ? "true" : "false", (long long)params, n, g->plan->bytes_per_element, wall_ms, kern_ms,
             copy_gbs, cold.build + cold.codegen, warm.build + warm.codegen, red, shape.threads, shape.red_threads,
-            shape.min_blocks);
+            shape.red_lanes, shape.min_blocks);
     for (int k = 0; k < np; k++)
       fprintf(f, "%s%.6f", k ? ", " : "", phase[k * reps + reps / 2]);
     fprintf(f, "], \"device\": \"%s\"}\n", desc);

@@ -6,9 +6,10 @@
 # DIR holds gpu_bench (bench/gpu_pack.sh makes it, with its libraries in
 # DIR/lib); DIR/old/gpu_bench, when there, is another build's (the code
 # before a change) and runs first. PARAMS defaults to 2^28. Each shape
-# (threads per block of the element-wise and of the reduction phases, and
+# (threads per block of the element-wise and of the reduction phases, the
+# lanes of a chunk each thread of a reduction phase takes in one load, and
 # the blocks per SM an element-wise kernel's registers are budgeted for:
-# gpu_bench's --threads, --red-threads and --min-blocks) runs the
+# gpu_bench's --threads, --red-threads, --red-lanes and --min-blocks) runs the
 # scale_grads + clip_grad_norm + AdamW step in fp32 and in bf16; gpu_bench
 # prints each kernel's time. The lines land in $GPU_CHECK_OUT/shapes.jsonl
 # (default build/gpu_check/) and a table at the end: bench/results.md's
@@ -31,6 +32,9 @@ SHAPES=(
   "256 threads|--threads 256"
   "8 blocks per SM|--min-blocks 8"
   "reductions 256 threads|--red-threads 256"
+  "reductions 2 lanes a thread|--red-lanes 2"
+  "reductions 4 lanes a thread|--red-lanes 4"
+  "reductions 8 lanes a thread|--red-lanes 8"
 )
 run() { # label bench options...
   local label=$1 bench=$2

@@ -223,6 +223,35 @@ static const char helpers[] =
     "    OPTC_STV((double2 *)p + k, make_double2(d[2 * k], d[2 * k + 1]));\n"
     "}\n"
     "\n"
+    "/* n lanes' elements at p for a reduction phase's thread (n = 2 or 4): one\n"
+    " * load of 2n or 4n bytes, p aligned to it */\n"
+    "OPTC_FN bool optc_aligned(const void *p, unsigned n) { return ((unsigned long long)p & (n - 1u)) == 0; }\n"
+    "OPTC_FN void optc_vload2_u16(unsigned short *d, const unsigned short *p) {\n"
+    "  const unsigned q = OPTC_LDV((const unsigned *)p);\n"
+    "  d[0] = (unsigned short)q, d[1] = (unsigned short)(q >> 16);\n"
+    "}\n"
+    "OPTC_FN void optc_vload4_u16(unsigned short *d, const unsigned short *p) {\n"
+    "  const uint2 q = OPTC_LDV((const uint2 *)p);\n"
+    "  d[0] = (unsigned short)q.x, d[1] = (unsigned short)(q.x >> 16);\n"
+    "  d[2] = (unsigned short)q.y, d[3] = (unsigned short)(q.y >> 16);\n"
+    "}\n"
+    "OPTC_FN void optc_vload2_f32(float *d, const float *p) {\n"
+    "  const float2 a = OPTC_LDV((const float2 *)p);\n"
+    "  d[0] = a.x, d[1] = a.y;\n"
+    "}\n"
+    "OPTC_FN void optc_vload4_f32(float *d, const float *p) {\n"
+    "  const float4 a = OPTC_LDV((const float4 *)p);\n"
+    "  d[0] = a.x, d[1] = a.y, d[2] = a.z, d[3] = a.w;\n"
+    "}\n"
+    "OPTC_FN void optc_vload2_f64(double *d, const double *p) {\n"
+    "  const double2 a = OPTC_LDV((const double2 *)p);\n"
+    "  d[0] = a.x, d[1] = a.y;\n"
+    "}\n"
+    "OPTC_FN void optc_vload4_f64(double *d, const double *p) {\n"
+    "  const double2 a = OPTC_LDV((const double2 *)p), b = OPTC_LDV((const double2 *)p + 1);\n"
+    "  d[0] = a.x, d[1] = a.y, d[2] = b.x, d[3] = b.y;\n"
+    "}\n"
+    "\n"
     "OPTC_FN void optc_load8_f32(float *d, const float *p, int n) {\n"
     "#pragma unroll\n"
     "  for (int e = 0; e < 8; e++)\n"
@@ -286,6 +315,7 @@ typedef struct {
   const char **expr; /* (nins) an element value as its users read it */
   int threads;
   int min_blocks; /* an element-wise kernel's blocks per SM, for its register budget */
+  int lanes;      /* the lanes of its chunk a reduction phase's thread takes */
 } E;
 
 static bool ident_char(char c) {
@@ -603,12 +633,13 @@ static void emit_element(E *e, const char *ind, const char *index) {
       Ref a = x->args[0];
       const char *v = to_f64(e, operand(e, a), (Type)g->ins[a].type), *s = e->stem[i];
       switch ((RedKind)x->red) {
-      case RED_SUM: buf_printf(o, "%sa_%s = a_%s + %s;\n", ind, s, s, v); break;
+      case RED_SUM: buf_printf(o, "%sa_%s[e] = a_%s[e] + %s;\n", ind, s, s, v); break;
       case RED_SUMSQ:
-        buf_printf(o, "%s{\n%s  const double x = %s;\n%s  a_%s = a_%s + x * x;\n%s}\n", ind, ind, v, ind, s, s, ind);
+        buf_printf(o, "%s{\n%s  const double x = %s;\n%s  a_%s[e] = a_%s[e] + x * x;\n%s}\n", ind, ind, v, ind, s, s,
+                   ind);
         break;
-      case RED_MAX: buf_printf(o, "%sa_%s = optc_max_nan(a_%s, %s);\n", ind, s, s, v); break;
-      case RED_ABSMAX: buf_printf(o, "%sa_%s = optc_max_nan(a_%s, fabs(%s));\n", ind, s, s, v); break;
+      case RED_MAX: buf_printf(o, "%sa_%s[e] = optc_max_nan(a_%s[e], %s);\n", ind, s, s, v); break;
+      case RED_ABSMAX: buf_printf(o, "%sa_%s[e] = optc_max_nan(a_%s[e], fabs(%s));\n", ind, s, s, v); break;
       default: unreachable();
       }
     } else if (e->uses[i] == 1) {
@@ -622,10 +653,12 @@ static void emit_element(E *e, const char *ind, const char *index) {
 
 /* Phase k as one kernel. An element-wise phase runs one chunk per block,
  * thread t taking the 8 elements at 8t, 8t + 8 * threads, ... A phase with
- * reductions runs threads / 8 chunks per block, 8 threads per chunk: the
- * thread of lane l takes elements l, l + 8, l + 16, ... of its chunk in
+ * reductions runs 8 / lanes threads per chunk: the thread of lanes l .. l +
+ * lanes - 1 takes elements l, l + 8, l + 16, ... of each of its lanes in
  * order, so that each lane is one thread's own chain of adds, and as many
- * chains run at once as threads do. */
+ * chains run at once as threads take lanes. With lanes > 1 it loads its
+ * lanes' elements at j .. j + lanes - 1 in one access (fp32's 4-byte loads
+ * reach the copy's speed with one lane; bf16's 2-byte ones do not). */
 static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   const Graph *g = e->g;
   const PlanPhase *ph = e->ph;
@@ -633,7 +666,8 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   Buf *o = e->out;
   int nred = ph->nreds;
   int threads = e->threads;
-  int cpb = nred ? threads / OPTC_REDUCE_LANES : 1; /* chunks per block */
+  int lanes = e->lanes, tpc = OPTC_REDUCE_LANES / lanes; /* lanes a thread takes, threads a chunk has */
+  int cpb = nred ? threads / tpc : 1;                     /* chunks per block */
 
   /* header: what the phase moves */
   buf_printf(o, "/* phase %d: %d bytes/element, %d ops/element\n *   reads:", k, ph->bytes_per_element, ph->nops);
@@ -664,14 +698,19 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   if (nred) {
     for (int i = 0; i < nred; i++)
       buf_printf(o, "  %s double ln_%s[%d]; /* [chunk of the block][lane] */\n", L->shared, e->stem[ph->reds[i]],
-                 threads);
-    buf_printf(o, "  const long long c = (long long)%s * %d + %s / %d;\n", L->block_index, cpb, L->thread_index,
-               OPTC_REDUCE_LANES);
-    buf_printf(o, "  const int lane = %s %% %d;\n", L->thread_index, OPTC_REDUCE_LANES);
+                 cpb * OPTC_REDUCE_LANES);
+    buf_printf(o, "  const long long c = (long long)%s * %d + %s / %d;\n", L->block_index, cpb, L->thread_index, tpc);
+    if (lanes == 1)
+      buf_printf(o, "  const int lane = %s %% %d;\n", L->thread_index, tpc);
+    else
+      buf_printf(o, "  const int lane = %s %% %d * %d; /* this thread's first */\n", L->thread_index, tpc, lanes);
     for (int i = 0; i < nred; i++) {
       Ref r = ph->reds[i];
-      buf_printf(o, "  double a_%s = %s; /* this lane's */\n", e->stem[r],
-                 red_is_max((RedKind)g->ins[r].red) ? "(double)optc_bits_f32(0xff800000u)" : "0.0");
+      const char *init = red_is_max((RedKind)g->ins[r].red) ? "(double)optc_bits_f32(0xff800000u)" : "0.0";
+      buf_printf(o, "  double a_%s[%d] = {", e->stem[r], lanes);
+      for (int l = 0; l < lanes; l++)
+        buf_printf(o, "%s%s", l ? ", " : "", init);
+      buf_puts(o, "}; /* this thread's lanes' */\n");
     }
     buf_puts(o, "  if (c < nchunks) {\n");
     buf_puts(o, "    const OptcChunk ch = chunks[c];\n");
@@ -705,6 +744,13 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
     for (int b = 0; b < g->nbufs; b++)
       if (touched[b])
         buf_printf(o, "%soptc_aligned16(p_%s)", n++ ? " && " : "", e->bstem[b]);
+    buf_puts(o, ";\n");
+  }
+  if (nred && lanes > 1 && ph->nreads) { /* whether its lanes' loads can be one access each */
+    buf_printf(o, "%sconst bool vec = ", ind);
+    for (int i = 0; i < ph->nreads; i++)
+      buf_printf(o, "%soptc_aligned(p_%s, %d)", i ? " && " : "", e->bstem[ph->reads[i].buf],
+                 lanes * type_size(g->bufs[ph->reads[i].buf].type));
     buf_puts(o, ";\n");
   }
 
@@ -742,7 +788,7 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
       e->uses[x->args[a]]++;
   }
 
-  if (nred) {
+  if (nred && lanes == 1) {
     /* lane by lane: element j of the chunk, its loads, its value, its stores */
     buf_printf(o, "#pragma unroll 4\n    for (long long j = lane; j < ch.len; j += %d) {\n", OPTC_REDUCE_LANES);
     for (Ref i = ph->lo; i < ph->hi; i++) {
@@ -760,15 +806,65 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
         buf_printf(o, "      p_%s[j] = o_%s[0];\n", e->bstem[x->buf], e->stem[i]);
     }
     buf_puts(o, "    }\n  }\n");
+  } else if (nred) {
+    /* lanes at a time: elements j .. j + lanes - 1 of the chunk (the n of
+     * them in it), one load per buffer where vec, each element's value in
+     * its lane's chain, the stores one by one */
+    buf_printf(o, "#pragma unroll 2\n    for (long long j = lane; j < ch.len; j += %d) {\n", OPTC_REDUCE_LANES);
+    buf_printf(o, "      const int n = ch.len - j < %d ? (int)(ch.len - j) : %d;\n", lanes, lanes);
+    for (Ref i = ph->lo; i < ph->hi; i++) {
+      const Ins *x = &g->ins[i];
+      if (x->op == OP_LOAD)
+        buf_printf(o, "      %s x_%s[%d];\n", L->type[x->type], e->stem[i], lanes);
+      else if (x->op == OP_STORE)
+        buf_printf(o, "      %s o_%s[%d];\n", L->type[g->bufs[x->buf].type], e->stem[i], lanes);
+    }
+    if (ph->nreads) {
+      buf_printf(o, "      if (vec && n == %d) {\n", lanes);
+      for (Ref i = ph->lo; i < ph->hi; i++) {
+        const Ins *x = &g->ins[i];
+        if (x->op != OP_LOAD)
+          continue;
+        const char *sfx = mem_suffix((Type)g->bufs[x->buf].type);
+        buf_printf(o, "        optc_vload%d_%s(x_%s, p_%s + j);\n", lanes, sfx, e->stem[i], e->bstem[x->buf]);
+      }
+      buf_puts(o, "      } else {\n");
+      buf_printf(o, "#pragma unroll\n        for (int e = 0; e < %d; e++) {\n", lanes);
+      for (Ref i = ph->lo; i < ph->hi; i++) {
+        const Ins *x = &g->ins[i];
+        if (x->op == OP_LOAD)
+          buf_printf(o, "          x_%s[e] = e < n ? p_%s[j + e] : (%s)0;\n", e->stem[i], e->bstem[x->buf],
+                     L->type[x->type]);
+      }
+      buf_puts(o, "        }\n      }\n");
+    }
+    buf_printf(o, "#pragma unroll\n      for (int e = 0; e < %d; e++) {\n        if (e >= n)\n          break;\n", lanes);
+    emit_element(e, "        ", "ch.start + j + e");
+    for (Ref i = ph->lo; i < ph->hi; i++) {
+      const Ins *x = &g->ins[i];
+      if (x->op == OP_STORE)
+        buf_printf(o, "        p_%s[j + e] = o_%s[e];\n", e->bstem[x->buf], e->stem[i]);
+    }
+    buf_puts(o, "      }\n    }\n  }\n");
+  }
+  if (nred) {
     /* the chunk's partial: its 8 lanes combined as numerics.h combines them */
+    /* the thread's lanes: ln_[chunk of the block * 8 + lane] */
+    char at[64];
+    if (lanes == 1)
+      snprintf(at, sizeof at, "%s", L->thread_index);
+    else
+      snprintf(at, sizeof at, "%s * %d", L->thread_index, lanes);
     for (int i = 0; i < nred; i++)
-      buf_printf(o, "  ln_%s[%s] = a_%s;\n", e->stem[ph->reds[i]], L->thread_index, e->stem[ph->reds[i]]);
+      for (int l = 0; l < lanes; l++)
+        buf_printf(o, "  ln_%s[%s%s] = a_%s[%d];\n", e->stem[ph->reds[i]], at, l ? arena_printf(e->a, " + %d", l) : "",
+                   e->stem[ph->reds[i]], l);
     buf_printf(o, "  %s;\n", L->barrier);
     buf_puts(o, "  if (lane == 0 && c < nchunks) {\n");
     for (int i = 0; i < nred; i++) {
       Ref r = ph->reds[i];
-      buf_printf(o, "    partials[c * %d + %d] = optc_lanes_combine(ln_%s + %s, %d);\n", nred, i, e->stem[r],
-                 L->thread_index, red_is_max((RedKind)g->ins[r].red));
+      buf_printf(o, "    partials[c * %d + %d] = optc_lanes_combine(ln_%s + %s, %d);\n", nred, i, e->stem[r], at,
+                 red_is_max((RedKind)g->ins[r].red));
     }
     buf_puts(o, "  }\n}\n\n");
   } else {
@@ -799,7 +895,7 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
     kinfo->threads = threads;
     kinfo->cpb = cpb;
     kinfo->nred = nred;
-    kinfo->smem = nred * threads * 8;
+    kinfo->smem = nred * cpb * OPTC_REDUCE_LANES * 8;
     kinfo->regs = kinfo->spill_stores = kinfo->spill_loads = kinfo->stack = -1;
   }
 }
@@ -849,6 +945,11 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
   int threads = t && t->threads ? t->threads : 128;
   int red_threads = t && t->red_threads ? t->red_threads : 128;
   int min_blocks = t && t->min_blocks ? t->min_blocks : 1;
+  int red_lanes = t && t->red_lanes ? t->red_lanes : 1;
+  if (red_lanes != 1 && red_lanes != 2 && red_lanes != 4 && red_lanes != 8) {
+    error("cuda backend: lanes per thread of a reduction phase must be 1, 2, 4 or 8 (got %d)", red_lanes);
+    return -1;
+  }
   if (threads % 32 || red_threads % 32 || threads < 32 || red_threads < 32 || threads > 1024 || red_threads > 1024) {
     error("cuda backend: threads per block must be a multiple of 32 from 32 to 1024 (got %d and %d)", threads,
           red_threads);
@@ -865,7 +966,7 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
             g->bufs[i].name, type_names[g->bufs[i].type]);
       return -1;
     }
-  E e = {.g = g, .L = &cuda_lang, .out = out, .min_blocks = min_blocks};
+  E e = {.g = g, .L = &cuda_lang, .out = out, .min_blocks = min_blocks, .lanes = red_lanes};
   e.a = arena_new();
   e.uses = arena_alloc(e.a, sizeof(int) * (size_t)(g->nins + 1));
   e.expr = arena_alloc(e.a, sizeof(char *) * (size_t)(g->nins + 1));
@@ -873,7 +974,7 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
   int rc = 0;
   for (int k = 0; k < p->nphases; k++) {
     const PlanPhase *ph = &p->phases[k];
-    if (ph->nreds * red_threads * 8 > 48 * 1024) {
+    if (ph->nreds * red_threads * red_lanes * 8 > 48 * 1024) {
       error("cuda backend: phase %d has %d reductions: more than a block of %d threads can combine in 48 KiB", k,
             ph->nreds, red_threads);
       rc = -1;

@@ -21,7 +21,9 @@ typedef struct {
   const char *arch;  /* sm_90, sm_80, ... or compute_90 for PTX only; NULL: the visible
                         device's arch, else sm_90 */
   int threads;       /* threads per block of an element-wise phase; 0: 128 */
-  int red_threads;   /* ... of a phase with reductions, 8 per chunk; 0: 128 */
+  int red_threads;   /* ... of a phase with reductions, 8 / red_lanes per chunk; 0: 128 */
+  int red_lanes;     /* lanes of its chunk each thread of a phase with reductions takes, in
+                        one load of as many elements: 1, 2, 4 or 8; 0: 1 */
   int min_blocks;    /* blocks per SM an element-wise kernel is compiled for (its
                         register budget, __launch_bounds__); 0: 1, no bound
                         beyond the block size (8 made larger optimizers spill) */
@@ -36,7 +38,7 @@ typedef struct {
   int threads;      /* threads per block; the grid is one block per cpb chunks */
   int smem;         /* static shared memory, bytes */
   int nred;         /* partials per chunk (1 for optc_nonfinite) */
-  int cpb;          /* chunks per block: 1, or threads / 8 in a phase with reductions */
+  int cpb;          /* chunks per block: 1, or threads * red_lanes / 8 in a phase with reductions */
   /* from ptxas -v (nvrtc.c); -1 where unknown (PTX only, or not compiled) */
   int regs, spill_stores, spill_loads, stack;
 } CudaKernel;

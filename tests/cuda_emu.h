@@ -95,6 +95,12 @@ struct alignas(16) float4 {
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
 struct alignas(16) double2 {
   double x, y;
 };

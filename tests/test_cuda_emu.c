@@ -242,7 +242,7 @@ typedef struct {
   char cu[256], so[256];
 } Case;
 
-static bool case_init(Case *c, const char *name, Graph *g, Arena *a, int index) {
+static bool case_init(Case *c, const char *name, Graph *g, Arena *a, int index, const CudaTarget *t) {
   snprintf(c->name, sizeof c->name, "%s", name);
   c->arena = a;
   c->g = g;
@@ -252,7 +252,7 @@ static bool case_init(Case *c, const char *name, Graph *g, Arena *a, int index) 
   Buf src = {0}, again = {0};
   c->kernels = calloc((size_t)g->plan->nphases + 1, sizeof(CudaKernel));
   ASSERT(c->kernels);
-  bool ok = cuda_emit(g, NULL, &src, c->kernels) == 0 && cuda_emit(g, NULL, &again, NULL) == 0;
+  bool ok = cuda_emit(g, t, &src, c->kernels) == 0 && cuda_emit(g, t, &again, NULL) == 0;
   CHECK(ok, "%s: cuda_emit", name);
   CHECK(ok && src.len == again.len && !memcmp(src.data, again.data, src.len), "%s: the same text twice", name);
   c->source = src.data;
@@ -391,8 +391,8 @@ static void test_unaligned(const Case *c) {
     interp_step(g, &ref.layout, ref.bufs, &args, &r0);
     ok = ok && same_bytes(g, ref.layout.total, ref.bufs, bufs, "unaligned") && r0.nred == r1.nred &&
          (r0.nred == 0 || r0.red[0] == r1.red[0]);
-    CHECK(ok, "unaligned buffers: the one-by-one path equals the interpreter");
-    printf("%-44s %s\n", "unaligned buffers (bf16 adamw clip sr)", ok ? "identical" : "DIFFERENT");
+    CHECK(ok, "%s, unaligned buffers: the one-by-one path equals the interpreter", c->name);
+    printf("%-44s %s\n", "unaligned buffers", ok ? "identical" : "DIFFERENT");
     cuda_exec_free(x);
   }
   for (int b = 0; b < g->nbufs; b++)
@@ -516,21 +516,54 @@ int main(int argc, char **argv) {
   for (int i = 0; matrix_case_at(i, &mc); i++) {
     Arena *a = arena_new();
     ASSERT(n < cap);
-    case_init(&cases[n], mc.name, build_yaml(mc.yaml, a), a, n);
+    case_init(&cases[n], mc.name, build_yaml(mc.yaml, a), a, n, NULL);
     n++;
   }
   int nmatrix = n;
+  /* the reduction phases with 2, 4 and 8 lanes a thread (CudaTarget.red_lanes): the clipped
+   * cases of every layout and both norms' kinds of reduction */
+  int lanes0 = n;
+  for (int i = 0; matrix_case_at(i, &mc); i++) {
+    if (!strstr(mc.name, " clip") || (!strstr(mc.name, "adamw") && !strstr(mc.name, "lion")))
+      continue;
+    bool all = !strcmp(mc.name, "adamw bf16 clip sr") || !strcmp(mc.name, "adamw fp32 clip");
+    for (int lanes = 2; lanes <= (all ? 8 : 2); lanes *= 2) {
+      Arena *a = arena_new();
+      ASSERT(n < cap);
+      char name[160];
+      snprintf(name, sizeof name, "%.100s, %d lanes a thread", mc.name, lanes);
+      case_init(&cases[n], name, build_yaml(mc.yaml, a), a, n, &(CudaTarget){.red_lanes = lanes});
+      n++;
+    }
+  }
+  int lanes1 = n;
   Arena *a = arena_new();
   int sink = n;
-  case_init(&cases[n], "every op (f16, bf16, f32, f64, tensor scope)", build_optir("sink.optir", sink_optir, a), a, n);
+  case_init(&cases[n], "every op (f16, bf16, f32, f64, tensor scope)", build_optir("sink.optir", sink_optir, a), a, n,
+            NULL);
+  n++;
+  a = arena_new();
+  int sink2 = n;
+  case_init(&cases[n], "every op, 2 lanes a thread", build_optir("sink.optir", sink_optir, a), a, n,
+            &(CudaTarget){.red_lanes = 2});
+  n++;
+  a = arena_new();
+  int sink8 = n;
+  case_init(&cases[n], "every op, 8 lanes a thread", build_optir("sink.optir", sink_optir, a), a, n,
+            &(CudaTarget){.red_lanes = 8});
   n++;
   a = arena_new();
   int transc = n;
-  case_init(&cases[n], "pow, exp, log per element", build_optir("transc.optir", transc_optir, a), a, n);
+  case_init(&cases[n], "pow, exp, log per element", build_optir("transc.optir", transc_optir, a), a, n, NULL);
   n++;
   a = arena_new();
   int stored = n;
-  case_init(&cases[n], "stores in a phase with reductions", build_optir("stored.optir", stored_optir, a), a, n);
+  case_init(&cases[n], "stores in a phase with reductions", build_optir("stored.optir", stored_optir, a), a, n, NULL);
+  n++;
+  a = arena_new();
+  int stored4 = n;
+  case_init(&cases[n], "stores in a phase with reductions, 4 lanes", build_optir("stored.optir", stored_optir, a), a, n,
+            &(CudaTarget){.red_lanes = 4});
   n++;
   double t1 = now_seconds();
 
@@ -564,12 +597,19 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nmatrix; i++)
       if (cases[i].g)
         run_case(&cases[i], (Type)cases[i].g->bufs[0].type, (Type)cases[i].g->bufs[1].type);
-    if (cases[sink].g)
-      run_case(&cases[sink], TY_BF16, TY_BF16);
+    for (int i = lanes0; i < lanes1; i++)
+      if (cases[i].g)
+        run_case(&cases[i], (Type)cases[i].g->bufs[0].type, (Type)cases[i].g->bufs[1].type);
+    int sinks[] = {sink, sink2, sink8};
+    for (size_t k = 0; k < ARRAY_LEN(sinks); k++)
+      if (cases[sinks[k]].g)
+        run_case(&cases[sinks[k]], TY_BF16, TY_BF16);
     if (cases[transc].g)
       run_case(&cases[transc], TY_F32, TY_F32);
     if (cases[stored].g)
       run_case(&cases[stored], TY_BF16, TY_BF16);
+    if (cases[stored4].g)
+      run_case(&cases[stored4], TY_BF16, TY_BF16);
     /* adamw bf16 clip sr: the 64-bit, unaligned and non-finite cases */
     int adamw_bf16 = 0;
     while (adamw_bf16 < nmatrix && strcmp(cases[adamw_bf16].name, "adamw bf16 clip sr"))
@@ -582,7 +622,13 @@ int main(int argc, char **argv) {
       test_chunk_partials(&cases[sink], TY_BF16, TY_BF16);
     if (cases[stored].g)
       test_chunk_partials(&cases[stored], TY_BF16, TY_BF16);
+    for (int i = lanes0; i < lanes1; i++)
+      if (cases[i].g && strstr(cases[i].name, "adamw") == cases[i].name)
+        test_chunk_partials(&cases[i], (Type)cases[i].g->bufs[0].type, (Type)cases[i].g->bufs[1].type);
     test_unaligned(&cases[adamw_bf16]);
+    for (int i = lanes0; i < lanes1; i++) /* one element off: every lane loads one by one */
+      if (cases[i].g && strstr(cases[i].name, "adamw bf16 clip sr, ") == cases[i].name)
+        test_unaligned(&cases[i]);
     test_nonfinite(&cases[adamw_bf16]);
     int adamw_mixed = 0;
     while (adamw_mixed < nmatrix && strcmp(cases[adamw_mixed].name, "adamw bf16/fp32-states clip sr"))

@@ -87,11 +87,12 @@ static const char stored_optir[] =
 
 static double compile_ms;
 static int ncompiles;
+static int red_lanes; /* CudaTarget.red_lanes of the programs compiled (0: the default) */
 
 static CudaProgram *compile_program(const Graph *g) {
   CompileTimes t = {0};
   double t0 = now_seconds();
-  CudaProgram *p = cuda_compile(g, &(CudaTarget){.no_cache = true}, &t);
+  CudaProgram *p = cuda_compile(g, &(CudaTarget){.red_lanes = red_lanes, .no_cache = true}, &t);
   compile_ms += (now_seconds() - t0) * 1e3;
   ncompiles++;
   return p;
@@ -461,6 +462,25 @@ int main(void) {
   test_nonfinite(g);
   test_unaligned(g);
   arena_free(a);
+  /* the norm pass with 2, 4 and 8 lanes a thread, each lane's elements loaded together */
+  static const char *const lanes_yaml[] = {
+      "optimizer:\n  _component_: torch.optim.AdamW\ndtype: bf16\nclip_grad_norm: 0.5\nstochastic_rounding: true\n"
+      "seed: 42\n",
+      "optimizer:\n  _component_: torch.optim.AdamW\ndtype: fp32\nclip_grad_norm: 0.5\n"};
+  for (red_lanes = 2; red_lanes <= 8; red_lanes *= 2)
+    for (size_t k = 0; k < ARRAY_LEN(lanes_yaml); k++) {
+      a = arena_new();
+      g = build_yaml(lanes_yaml[k], a);
+      ASSERT(g);
+      char name[96];
+      snprintf(name, sizeof name, "adamw %s clip, %d lanes a thread", k ? "fp32" : "bf16 sr", red_lanes);
+      run_case(name, g, (Type)g->bufs[0].type, (Type)g->bufs[1].type, true);
+      test_chunk_partials(name, g, (Type)g->bufs[0].type, (Type)g->bufs[1].type);
+      if (!k)
+        test_unaligned(g);
+      arena_free(a);
+    }
+  red_lanes = 0;
   a = arena_new();
   g = build_yaml("optimizer:\n  _component_: torch.optim.AdamW\ndtype: bf16\noptimizer_state_dtype: fp32\n"
                  "stochastic_rounding: true\nclip_grad_norm: 1.0\nseed: 3\n", a);

@@ -257,6 +257,43 @@ static void test_bf16_adamw(void) {
   }
 }
 
+/* The norm pass with 2, 4 and 8 lanes a thread (CudaTarget.red_lanes):
+ * each lane's elements in one load as wide as the lanes (a bf16 pair in a
+ * u32, four in a v2.u32, eight in a v4.u32; f32 in v2 and v4), no spills,
+ * its registers for the record. The bits are test_cuda_emu's. */
+static void test_red_lanes(void) {
+  static const struct {
+    const char *layout;
+    int lanes;
+    const char *load;
+  } cases[] = {{"bf16", 2, "ld.global.cs.u32"},    {"bf16", 4, "ld.global.cs.v2.u32"},
+               {"bf16", 8, "ld.global.cs.v4.u32"}, {"fp32", 2, "ld.global.cs.v2.f32"},
+               {"fp32", 4, "ld.global.cs.v4.f32"}};
+  for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+    char yaml[160];
+    snprintf(yaml, sizeof yaml, "optimizer:\n  _component_: torch.optim.AdamW\ndtype: %s\nclip_grad_norm: 1.0\n",
+             cases[i].layout);
+    Arena *a = arena_new();
+    Graph *g = build_yaml(yaml, a);
+    ASSERT(g);
+    CudaProgram *p = cuda_compile(g, &(CudaTarget){.arch = "sm_90", .red_lanes = cases[i].lanes, .no_cache = true},
+                                  NULL);
+    CHECK(p && p->ptx, "AdamW %s clip, %d lanes a thread: compiles", cases[i].layout, cases[i].lanes);
+    if (p && p->ptx) {
+      int nload = 0;
+      int n = ptx_count(p->ptx, "optc_phase0", cases[i].load, &nload);
+      const CudaKernel *k = &p->kernels[0];
+      printf("norm pass %s, %d lanes a thread: %d PTX instructions, %d %s, %d registers, %d/%d bytes spilled\n",
+             cases[i].layout, cases[i].lanes, n, nload, cases[i].load, k->regs, k->spill_stores, k->spill_loads);
+      CHECK(nload > 0, "norm pass %s, %d lanes: loads with %s", cases[i].layout, cases[i].lanes, cases[i].load);
+      CHECK(k->regs > 0 && k->spill_stores == 0 && k->spill_loads == 0, "norm pass %s, %d lanes: no spills",
+            cases[i].layout, cases[i].lanes);
+    }
+    cuda_program_free(p);
+    arena_free(a);
+  }
+}
+
 /* The real recipe's kernels, for the record. */
 static void report_scout(const char *root) {
   char path[1024];
@@ -293,6 +330,7 @@ int main(int argc, char **argv) {
   setenv("OPTC_CACHE", "0", 1);
   report_scout(argc > 1 ? argv[1] : ".");
   test_bf16_adamw();
+  test_red_lanes();
   test_matrix();
   printf("%d compiles, %.0f ms each on average; %d kernel%s spilled (at most %d bytes each)\n", ncompiled,
          total_ms / MAX(ncompiled, 1), nspilled, nspilled == 1 ? "" : "s", SPILL_SLACK);
