@@ -223,8 +223,8 @@ static const char helpers[] =
     "    OPTC_STV((double2 *)p + k, make_double2(d[2 * k], d[2 * k + 1]));\n"
     "}\n"
     "\n"
-    "/* n lanes' elements at p for a reduction phase's thread (n = 2 or 4): one\n"
-    " * load of 2n or 4n bytes, p aligned to it */\n"
+    "/* n lanes' elements at p for a reduction phase's thread (n = 2 or 4; 8 is\n"
+    " * optc_vload8): one load of n elements, p aligned to it */\n"
     "OPTC_FN bool optc_aligned(const void *p, unsigned n) { return ((unsigned long long)p & (n - 1u)) == 0; }\n"
     "OPTC_FN void optc_vload2_u16(unsigned short *d, const unsigned short *p) {\n"
     "  const unsigned q = OPTC_LDV((const unsigned *)p);\n"
@@ -848,8 +848,8 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
     buf_puts(o, "      }\n    }\n  }\n");
   }
   if (nred) {
-    /* the chunk's partial: its 8 lanes combined as numerics.h combines them */
-    /* the thread's lanes: ln_[chunk of the block * 8 + lane] */
+    /* the chunk's partial: its 8 lanes (ln_[chunk of the block * 8 + lane],
+     * this thread's from at) combined as numerics.h combines them */
     char at[64];
     if (lanes == 1)
       snprintf(at, sizeof at, "%s", L->thread_index);
@@ -975,8 +975,8 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
   for (int k = 0; k < p->nphases; k++) {
     const PlanPhase *ph = &p->phases[k];
     if (ph->nreds * red_threads * red_lanes * 8 > 48 * 1024) {
-      error("cuda backend: phase %d has %d reductions: more than a block of %d threads can combine in 48 KiB", k,
-            ph->nreds, red_threads);
+      error("cuda backend: phase %d has %d reductions: more than a block of %d threads, %d lanes each, can combine "
+            "in 48 KiB", k, ph->nreds, red_threads, red_lanes);
       rc = -1;
       goto out;
     }

@@ -35,7 +35,9 @@ that rotates from round to round. A machine whose memory bandwidth drifts
 figure of a round together, so the ratios are taken within rounds: a
 speed-up is the median over rounds of one step's time over the other's,
 and % ceiling the median of the step's GB/s over the ceiling's in the same
-round. Times are the median, fastest and slowest over the rounds. optc's
+round. Times are the median, fastest and slowest over the rounds; every
+competitor's optimizer (its states: half of --gib) stays alive until all
+three cases have run. optc's
 first step (its states' allocation, its compile with the disk cache off,
 and the step) is reported too.
 """
