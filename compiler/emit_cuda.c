@@ -616,6 +616,28 @@ static void emit_vectors(E *e, Op op) {
   buf_puts(o, "    }\n");
 }
 
+/* Per-element arrays of n slots: x_ for each load's values (op OP_LOAD), o_
+ * for each store's (OP_STORE). */
+static void emit_slots(E *e, Op op, const char *ind, int n) {
+  const Graph *g = e->g;
+  for (Ref i = e->ph->lo; i < e->ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->op == op)
+      buf_printf(e->out, "%s%s %s_%s[%d];\n", ind, e->L->type[op == OP_LOAD ? x->type : g->bufs[x->buf].type],
+                 op == OP_LOAD ? "x" : "o", e->stem[i], n);
+  }
+}
+
+/* Each store's slot `slot` written to its buffer at `at`, one by one. */
+static void emit_writes(E *e, const char *ind, const char *at, const char *slot) {
+  const Graph *g = e->g;
+  for (Ref i = e->ph->lo; i < e->ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->op == OP_STORE)
+      buf_printf(e->out, "%sp_%s[%s] = o_%s[%s];\n", ind, e->bstem[x->buf], at, e->stem[i], slot);
+  }
+}
+
 /* The element values of one element (e), its stores into o_ and its
  * reductions into the a_ accumulators; `index` is its index in its tensor. */
 static void emit_element(E *e, const char *ind, const char *index) {
@@ -795,16 +817,11 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
       const Ins *x = &g->ins[i];
       if (x->op == OP_LOAD)
         buf_printf(o, "      const %s x_%s[1] = {p_%s[j]};\n", L->type[x->type], e->stem[i], e->bstem[x->buf]);
-      else if (x->op == OP_STORE)
-        buf_printf(o, "      %s o_%s[1];\n", L->type[g->bufs[x->buf].type], e->stem[i]);
     }
+    emit_slots(e, OP_STORE, "      ", 1);
     buf_puts(o, "      const int e = 0; /* the one element: x_ and o_ as in the element-wise phases */\n");
     emit_element(e, "      ", "ch.start + j");
-    for (Ref i = ph->lo; i < ph->hi; i++) {
-      const Ins *x = &g->ins[i];
-      if (x->op == OP_STORE)
-        buf_printf(o, "      p_%s[j] = o_%s[0];\n", e->bstem[x->buf], e->stem[i]);
-    }
+    emit_writes(e, "      ", "j", "0");
     buf_puts(o, "    }\n  }\n");
   } else if (nred) {
     /* lanes at a time: elements j .. j + lanes - 1 of the chunk (the n of
@@ -812,13 +829,8 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
      * its lane's chain, the stores one by one */
     buf_printf(o, "#pragma unroll 2\n    for (long long j = lane; j < ch.len; j += %d) {\n", OPTC_REDUCE_LANES);
     buf_printf(o, "      const int n = ch.len - j < %d ? (int)(ch.len - j) : %d;\n", lanes, lanes);
-    for (Ref i = ph->lo; i < ph->hi; i++) {
-      const Ins *x = &g->ins[i];
-      if (x->op == OP_LOAD)
-        buf_printf(o, "      %s x_%s[%d];\n", L->type[x->type], e->stem[i], lanes);
-      else if (x->op == OP_STORE)
-        buf_printf(o, "      %s o_%s[%d];\n", L->type[g->bufs[x->buf].type], e->stem[i], lanes);
-    }
+    emit_slots(e, OP_LOAD, "      ", lanes);
+    emit_slots(e, OP_STORE, "      ", lanes);
     if (ph->nreads) {
       buf_printf(o, "      if (vec && n == %d) {\n", lanes);
       for (Ref i = ph->lo; i < ph->hi; i++) {
@@ -840,11 +852,7 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
     }
     buf_printf(o, "#pragma unroll\n      for (int e = 0; e < %d; e++) {\n        if (e >= n)\n          break;\n", lanes);
     emit_element(e, "        ", "ch.start + j + e");
-    for (Ref i = ph->lo; i < ph->hi; i++) {
-      const Ins *x = &g->ins[i];
-      if (x->op == OP_STORE)
-        buf_printf(o, "        p_%s[j + e] = o_%s[e];\n", e->bstem[x->buf], e->stem[i]);
-    }
+    emit_writes(e, "        ", "j + e", "e");
     buf_puts(o, "      }\n    }\n  }\n");
   }
   if (nred) {
@@ -872,17 +880,9 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
                CUDA_VEC * threads);
     buf_printf(o, "    const int n = ch.len - j < %d ? (int)(ch.len - j) : %d;\n", CUDA_VEC, CUDA_VEC);
     buf_printf(o, "    const bool full = vec && n == %d;\n", CUDA_VEC);
-    for (Ref i = ph->lo; i < ph->hi; i++) {
-      const Ins *x = &g->ins[i];
-      if (x->op == OP_LOAD)
-        buf_printf(o, "    %s x_%s[%d];\n", L->type[x->type], e->stem[i], CUDA_VEC);
-    }
+    emit_slots(e, OP_LOAD, "    ", CUDA_VEC);
     emit_vectors(e, OP_LOAD);
-    for (Ref i = ph->lo; i < ph->hi; i++) {
-      const Ins *x = &g->ins[i];
-      if (x->op == OP_STORE)
-        buf_printf(o, "    %s o_%s[%d];\n", L->type[g->bufs[x->buf].type], e->stem[i], CUDA_VEC);
-    }
+    emit_slots(e, OP_STORE, "    ", CUDA_VEC);
     buf_printf(o, "#pragma unroll\n    for (int e = 0; e < %d; e++) {\n", CUDA_VEC);
     emit_element(e, "      ", "ch.start + j + e");
     buf_puts(o, "    }\n");
