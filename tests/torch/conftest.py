@@ -5,6 +5,7 @@ The C suite never needs torch; these tests do, and run in the .venv that
 build/ at the repository root).
 """
 import os
+import sys
 import subprocess
 
 import pytest
@@ -60,4 +61,32 @@ def run(cmd, **kw):
     r = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if r.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr}")
+    return r
+
+
+def optc_path():
+    """The folder the optc package the tests import lives in (site-packages, or
+    the source tree's python/), for the processes they start."""
+    import optc
+    return os.path.dirname(os.path.dirname(os.path.abspath(optc.__file__)))
+
+
+def torchrun(script, args, nproc=2, timeout=900, env=None):
+    """Runs `script args` under torchrun (--standalone, nproc ranks) with this
+    python, the optc these tests import on its path, and a torch thread per
+    rank; returns the CompletedProcess, or fails the test with the output's
+    end when it exits non-zero or runs past timeout."""
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([optc_path()] + ([e["PYTHONPATH"]] if e.get("PYTHONPATH") else []))
+    e.setdefault("OMP_NUM_THREADS", "1")
+    e.update(env or {})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           script] + list(args)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=timeout)
+    except subprocess.TimeoutExpired as ex:
+        out = (ex.stdout or b"")[-4000:] if isinstance(ex.stdout, bytes) else (ex.stdout or "")[-4000:]
+        pytest.fail(f"{' '.join(cmd)}: still running after {timeout} s\n{out}")
+    if r.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {r.returncode}:\n{(r.stdout + r.stderr)[-6000:]}")
     return r
