@@ -19,6 +19,11 @@ torchtune's files are used unchanged; what this module adds is:
     ``device_ids=[None]`` on CPU, which gloo rejects: the shim drops it.
   * ``torch.cpu.empty_cache`` / ``reset_peak_memory_stats`` do not exist: the
     shim adds no-ops.
+  * ``fsdp_cpu_offload: True`` builds ``CPUOffloadPolicy()``, which pins host
+    memory and so needs a CUDA device: without one the shim makes it
+    ``CPUOffloadPolicy(pin_memory=False)``; and its distributed backend for a
+    CPU device with offload reads "cpu:gloo,cpu:gloo", which
+    init_process_group refuses: the shim gives "gloo".
 - ``tiny_llama4``: torchtune's own ``llama4_decoder`` component builder with
   tiny sizes (a config's ``model._component_`` points here).
 - ``ExactDiskLogger``: torchtune's DiskLogger, but it writes tensors as Python
@@ -33,8 +38,8 @@ Commands:
       to follow the small test tokenizer's 2000 ranks, so the embedding stays
       VOCAB_SIZE rows instead of 200k).
   python torchtune_cpu.py run --config CFG.yaml [key=value ...]
-      installs the shims and runs the recipe's ``recipe_main`` in this process
-      as a one-rank gloo group (no torchrun needed).
+      installs the shims and runs the recipe's ``recipe_main`` in this process:
+      a one-rank gloo group, or, under torchrun, one rank of its group.
 
 Needs torchtune's source on sys.path ($TORCHTUNE_SRC is added when set), and
 torchao, torchvision, torchdata, omegaconf importable.
@@ -137,6 +142,25 @@ def install_shims():
         return barrier(*args, device_ids=device_ids, **kwargs)
 
     dist.barrier = barrier_cpu
+
+    # fsdp_cpu_offload: torchtune's shard_model builds CPUOffloadPolicy(),
+    # whose pinned host memory needs a CUDA device; on the CPU the same
+    # policy unpinned.
+    import torchtune.training._distributed as tdist
+    if not torch.cuda.is_available():
+        from torch.distributed.fsdp import CPUOffloadPolicy
+        tdist.CPUOffloadPolicy = functools.partial(CPUOffloadPolicy, pin_memory=False)
+
+    # ... and its backend string names the CPU twice ("cpu:gloo,cpu:gloo"),
+    # which init_process_group refuses: on the CPU, gloo alone.
+    get_backend = training.get_distributed_backend
+
+    def get_distributed_backend_cpu(device_type, offload_ops_to_cpu=False):
+        if device_type == "cpu":
+            return get_backend(device_type)
+        return get_backend(device_type, offload_ops_to_cpu)
+
+    training.get_distributed_backend = get_distributed_backend_cpu
 
     for name in ("empty_cache", "reset_peak_memory_stats"):
         if not hasattr(torch.cpu, name):
