@@ -9,6 +9,7 @@ per layout and cached on the optimizer, and run in place on the
 tensors' own memory (a DTensor's local shard). Hyperparameters are the
 program's runtime scalars: changing lr never rebuilds one.
 """
+import contextlib
 import ctypes
 import math
 import warnings
@@ -141,18 +142,45 @@ class Run:
     step count and new states are committed with the rest)."""
 
     __slots__ = ("group_index", "layout", "options", "step", "device", "state_names", "reduce", "params", "grads",
-                 "states", "where", "bumps", "new_states", "written", "program", "grad_scale")
+                 "states", "where", "owners", "owner_grads", "bumps", "new_states", "written", "program",
+                 "grad_scale")
 
     def __init__(self, group_index, layout, options, step, device, state_names, reduce):
         self.group_index, self.layout, self.options = group_index, layout, options
         self.step, self.device, self.state_names, self.reduce = step, device, state_names, reduce
         self.params, self.grads, self.states, self.where = [], [], [], []
+        self.owners, self.owner_grads = [], []  # every param (as in param_groups) and its local grad or None
         self.bumps, self.new_states, self.written = [], [], []
         self.program = self.grad_scale = None
 
     @property
     def grad_dtype(self):
         return self.written[0].dtype
+
+
+class StepContext(NamedTuple):
+    """What every run of one step shares."""
+    prelude: dict  # scalars every program reads (torch_threads)
+    threads: int  # optc's threads
+    grad_scale: Optional[float]  # fused_step's, as given; each run has its own rounding (Run.grad_scale)
+    norm_dtype: torch.dtype  # the dtype torch computes the total norm in (the grads' promoted)
+    first: torch.Tensor  # the first param: where clip_grad_norm_ puts the norm
+
+
+def clip_coef(max_norm, total, dtype):
+    """clip_grad_norm_'s coefficient in the norm's dtype, as a float:
+    (total + 1e-6).reciprocal() * max_norm, clamped to 1."""
+    tn = _norm_tensor(total, dtype, torch.empty(0))
+    return float(torch.clamp(max_norm / (tn + 1e-6), max=1.0))
+
+
+def fold_over_ranks(parts):
+    """The total of per-sharding sums ({ReduceKey or None: this rank's sum},
+    in a fixed order): each sharded one summed over its ranks."""
+    total = 0.0
+    for key, s in parts.items():
+        total += s if key is None else _dist.sum_over_ranks(key, s)
+    return total
 
 
 class OptcOptimizer:
@@ -162,7 +190,7 @@ class OptcOptimizer:
 
     # ---- setup ----------------------------------------------------------------------------
 
-    def _optc_setup(self, nonfinite, threads):
+    def _optc_setup(self, nonfinite, threads, in_backward=False, max_norm=None, speculate=False):
         if nonfinite not in NONFINITE:
             raise ValueError(f"nonfinite must be 'propagate', 'skip' or 'error', not {nonfinite!r}")
         if threads is not None and (not isinstance(threads, int) or threads < 0):
@@ -172,10 +200,22 @@ class OptcOptimizer:
                 raise ValueError(f"{type(self).__name__}: differentiable=True: optc's step runs outside autograd "
                                  f"and cannot be differentiated through; use torch.optim for a differentiable "
                                  f"step")
+        if max_norm is not None and not (float(max_norm) > 0):
+            raise ValueError(f"max_norm must be None or a number > 0, not {max_norm!r}")
+        if speculate and not in_backward:
+            raise ValueError("speculate=True is a way of stepping inside the backward: give in_backward=True too")
         self._optc_nonfinite = nonfinite
         self._optc_threads = threads
+        self._optc_max_norm = None if max_norm is None else float(max_norm)
+        self._optc_pending_scale = None
         self.skipped_steps = 0
+        self.last_grad_norm = None
         self._optc_init_cache()
+        self._optc_inbwd = None
+        if in_backward:
+            from ._inbwd import InBackward
+            self._optc_inbwd = InBackward(self, speculate)
+            self._optc_inbwd.attach()
         # torch's fused optimizers take GradScaler's scale and inf flag into
         # the step; these do not, so GradScaler unscales the grads itself.
         self._step_supports_amp_scaling = False
@@ -196,30 +236,47 @@ class OptcOptimizer:
         s = dict(super().__getstate__())
         s["_optc_nonfinite"] = self._optc_nonfinite
         s["_optc_threads"] = self._optc_threads
+        s["_optc_max_norm"] = self._optc_max_norm
+        s["_optc_in_backward"] = None if self._optc_inbwd is None else {"speculate": self._optc_inbwd.speculate}
         s["skipped_steps"] = self.skipped_steps
         return s
 
     def __setstate__(self, state):
+        inbwd = state.pop("_optc_in_backward", None) if isinstance(state, dict) else None
         super().__setstate__(state)
         self.__dict__.setdefault("_optc_nonfinite", "propagate")
         self.__dict__.setdefault("_optc_threads", None)
+        self.__dict__.setdefault("_optc_max_norm", None)
         self.__dict__.setdefault("skipped_steps", 0)
+        self.__dict__.setdefault("last_grad_norm", None)
+        self.__dict__.setdefault("_optc_pending_scale", None)
         if "_optc_programs" not in self.__dict__:
             self._optc_init_cache()
         self._step_supports_amp_scaling = False
+        if "_optc_inbwd" not in self.__dict__:
+            self._optc_inbwd = None
+            if inbwd is not None:
+                from ._inbwd import InBackward
+                self._optc_inbwd = InBackward(self, inbwd["speculate"])
+                self._optc_inbwd.attach()
 
     # ---- the public step ------------------------------------------------------------------
 
     @disable_dynamo
     def step(self, closure=None):
         """One optimizer step, as torch.optim's; a closure is called under
-        enable_grad and its loss returned."""
+        enable_grad and its loss returned. Built with max_norm, the step
+        clips first (clip_grad_norm_), and set_grad_scale's scale applies;
+        the norm is then in opt.last_grad_norm. With in_backward=True,
+        waits for the steps running beside the backward and steps what
+        they left."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        scale = self._optc_take_scale()
         with torch.no_grad():
-            self._optc_step(None, False, None, None)
+            self.last_grad_norm = self._optc_step(scale[0], scale[1], self._optc_max_norm, None)
         return loss
 
     @disable_dynamo
@@ -238,12 +295,13 @@ class OptcOptimizer:
           With sharded params (FSDP2's DTensors) the norm is over every
           rank's shards: each rank's f64 sum of squares, gathered and summed
           in rank order, so every rank clips with the same coefficient.
+          Default: the optimizer's max_norm (None: no clipping).
         grad_norm: optional: the total norm to clip with, computed
           elsewhere (e.g. torch's own), instead of optc's.
 
         Returns the total norm (of the scaled grads) as a 0-dim tensor of
         the grads' dtype on the first grad's device, as clip_grad_norm_
-        does, or None when max_norm is None. optc sums the squares in f64
+        does, or None when it does not clip. optc sums the squares in f64
         in fixed blocks, so its norm can differ from torch's f32 sum in the
         last bits; given the same norm (grad_norm=), the step is torch's
         bit for bit. With params of several dtypes torch computes the
@@ -255,21 +313,69 @@ class OptcOptimizer:
         p.grad is not modified: it still holds the unscaled, unclipped
         grads afterwards (torchtune's scale_grads_ and clip_grad_norm_
         would have scaled and clipped them in place; the step itself is
-        the same)."""
+        the same).
+
+        With in_backward=True the grads were stepped as they landed, so
+        grad_scale and max_norm must be the ones they were stepped with:
+        give the scale before the backward (set_grad_scale) and max_norm
+        when building the optimizer; grad_norm may still be given."""
         scale_is_tensor = torch.is_tensor(grad_scale)
         if grad_scale is not None:
             grad_scale = float(grad_scale)
             if not (grad_scale > 0 and math.isfinite(grad_scale)):
                 raise ValueError(f"grad_scale must be a finite number > 0, not {grad_scale!r}")
+            if self._optc_pending_scale is not None and self._optc_inbwd is None:
+                raise ValueError("a grad scale was set with set_grad_scale() and given to fused_step: give one")
+        else:
+            grad_scale, scale_is_tensor = self._optc_take_scale()
         if max_norm is not None:
             max_norm = float(max_norm)
+        elif self._optc_max_norm is not None:
+            max_norm = self._optc_max_norm
         if grad_norm is not None:
             if max_norm is None:
                 raise ValueError("grad_norm is the norm to clip with: give max_norm too")
             grad_norm = float(grad_norm)
         self._opt_called = True  # lr_scheduler's check that the optimizer stepped
         with torch.no_grad():
-            return self._optc_step(grad_scale, scale_is_tensor, max_norm, grad_norm)
+            self.last_grad_norm = self._optc_step(grad_scale, scale_is_tensor, max_norm, grad_norm)
+        return self.last_grad_norm
+
+    def set_grad_scale(self, grad_scale):
+        """The grad scale of the next step (as fused_step's grad_scale): with
+        in_backward=True, give it before the backward that steps, e.g.
+        torchtune's world_size / num_tokens after its all-reduce."""
+        is_tensor = torch.is_tensor(grad_scale)
+        v = float(grad_scale)
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"grad_scale must be a finite number > 0, not {grad_scale!r}")
+        if self._optc_inbwd is not None:
+            if self._optc_inbwd.landed:
+                raise RuntimeError("set_grad_scale: grads have already been stepped in this backward; set the "
+                                   "scale before it")
+            self._optc_inbwd.grad_scale = self._optc_inbwd.context_scale = (v, is_tensor)
+        else:
+            self._optc_pending_scale = (v, is_tensor)
+
+    def _optc_take_scale(self):
+        if self._optc_inbwd is not None:
+            return self._optc_inbwd.context_scale or (None, False)
+        s, self._optc_pending_scale = self._optc_pending_scale, None
+        return s or (None, False)
+
+    def no_step(self):
+        """A context manager for gradient accumulation with in_backward=True:
+        the backward inside it leaves the grads to accumulate and steps
+        nothing (as DDP's no_sync()). Wrap every micro-batch's backward
+        but the last. Without in_backward it does nothing."""
+        if self._optc_inbwd is None:
+            return contextlib.nullcontext()
+        return self._optc_inbwd.no_step()
+
+    def zero_grad(self, set_to_none=True):
+        super().zero_grad(set_to_none)
+        if self._optc_inbwd is not None:
+            self._optc_inbwd.attach()
 
     def optc_ir(self):
         """The IR text of the programs of the last step, each headed by a
@@ -314,8 +420,8 @@ class OptcOptimizer:
         """torch's state for p (made as torch makes it, lazily): a ParamState."""
         raise NotImplementedError
 
-    def _optc_after_step(self, runs):
-        pass
+    def _optc_after_step(self):
+        """Once a step was taken (Lion counts its steps)."""
 
     # ---- programs -------------------------------------------------------------------------
 
@@ -347,11 +453,12 @@ class OptcOptimizer:
 
     # ---- gathering a step's tensors -------------------------------------------------------
 
-    def _optc_init_group(self, gi, group, first_index, runs, order, only=None):
+    def _optc_init_group(self, gi, group, first_index, runs, order, only=None, exclude=None):
         """torch's _init_group: the group's params that have a grad (all, or
-        those in `only`, a set of ids), each placed in the run of its
-        layout (runs: the group's dict, order: every run in order of its
-        first tensor). Returns the index of the group's last param + 1.
+        those whose id is in `only`, but not those in `exclude`), each placed
+        in the run of its layout (runs: the group's dict, order: every run
+        in order of its first tensor). Returns the index of the group's last
+        param + 1.
 
         This is the per-tensor Python work of a step, so it is kept lean: a
         grad's checks are one expression (the detailed ones run only to word
@@ -363,7 +470,7 @@ class OptcOptimizer:
         for pi, p in enumerate(group["params"]):
             index += 1
             g = p.grad
-            if g is None or (only is not None and id(p) not in only):
+            if g is None or (only is not None and id(p) not in only) or (exclude and id(p) in exclude):
                 continue
             if build is None:
                 build = self._optc_build(group)
@@ -394,11 +501,15 @@ class OptcOptimizer:
                 run = runs[rk] = Run(gi, layout_of(lp.device, pdt, sdtype, build), build.options, st.step,
                                      lp.device, st.names, reduce)
                 order.append(run)
+            run.owners.append(p)
             if lp.numel():
                 run.params.append(lp)
                 run.grads.append(lg)
                 run.states.append(local_states)
                 run.where.append(where)
+                run.owner_grads.append(lg)
+            else:
+                run.owner_grads.append(None)
             run.written.append(lp)
             run.written.extend(local_states)
             if st.bump is not None:
@@ -407,41 +518,30 @@ class OptcOptimizer:
                 run.new_states.append((p, nm, t))
         return index
 
-    def _optc_collect(self, only=None):
+    def _optc_collect(self, only=None, exclude=None):
         """The runs of this step (every param with a grad, or those whose id
-        is in `only`), in the order of their first tensor."""
+        is in `only`, but not in `exclude`), in the order of their first
+        tensor."""
         order = []
         index = 0
         for gi, group in enumerate(self.param_groups):
-            index = self._optc_init_group(gi, group, index, {}, order, only)
+            index = self._optc_init_group(gi, group, index, {}, order, only, exclude)
         return order
 
     # ---- the step -------------------------------------------------------------------------
 
-    def _optc_step(self, grad_scale, scale_is_tensor, max_norm, grad_norm, only=None):
-        runs = self._optc_collect(only)
+    def _optc_step(self, grad_scale, scale_is_tensor, max_norm, grad_norm):
+        if self._optc_inbwd is not None:
+            return self._optc_inbwd.finish(grad_scale, scale_is_tensor, max_norm, grad_norm)
+        runs = self._optc_collect()
         if not runs:
             self._optc_last = []
             return None if max_norm is None else torch.tensor(0.0)
+        ctx = self._optc_context(runs, grad_scale, scale_is_tensor)
         mode = self._optc_nonfinite
-        threads = self._optc_threads if self._optc_threads is not None else torch.get_num_threads()
-        prelude = {"torch_threads": float(torch.get_num_threads())}
-        if grad_scale is not None:
-            for r in runs:
-                r.grad_scale = _run_scale(grad_scale, scale_is_tensor, r.grad_dtype)
-        first_grad = runs[0].written[0]
-        norm_dtype = first_grad.dtype
-        for r in runs[1:]:
-            norm_dtype = torch.promote_types(norm_dtype, r.grad_dtype)
-
-        clip, clip_scalars, total = _capi.OPTC_CLIP_NONE, {}, None
+        clip, total = _capi.OPTC_CLIP_NONE, None
         if max_norm is not None:
-            clip_scalars["max_norm"] = max_norm
-            if grad_norm is not None:
-                clip, total = _capi.OPTC_CLIP_GIVEN, grad_norm
-                clip_scalars["grad_norm_given"] = grad_norm
-            else:
-                clip = _capi.OPTC_CLIP_NORM
+            clip, total = (_capi.OPTC_CLIP_GIVEN, grad_norm) if grad_norm is not None else (_capi.OPTC_CLIP_NORM, None)
         run_mode = mode
         sharded = any(r.reduce is not None for r in runs)
         if (len(runs) > 1 or sharded) and (clip == _capi.OPTC_CLIP_NORM or mode != "propagate"):
@@ -450,19 +550,52 @@ class OptcOptimizer:
             # (optc.grad_norm, which writes nothing) before any program
             # writes. Its f64 sum of squares is finite exactly when every
             # scaled grad is: finite f32 grads cannot overflow it.
-            sumsq = self._optc_sumsq(runs, prelude, grad_scale, threads)
+            sumsq = self._optc_sumsq(runs, ctx)
             if mode != "propagate" and not math.isfinite(sumsq):
-                if mode == "error":
-                    raise _capi.NonfiniteError(f"{type(self).__name__}: non-finite grads (their sum of squares "
-                                               f"is {sumsq}): the step was not taken, nothing changed",
-                                               _capi.OPTC_ERR_NONFINITE)
-                self.skipped_steps += 1
-                return None if max_norm is None else _norm_tensor(math.sqrt(sumsq), norm_dtype, first_grad)
+                self._optc_refuse_nonfinite(sumsq)
+                return None if max_norm is None else _norm_tensor(math.sqrt(sumsq), ctx.norm_dtype, ctx.first)
             if clip == _capi.OPTC_CLIP_NORM:
                 clip, total = _capi.OPTC_CLIP_GIVEN, math.sqrt(sumsq)
-                clip_scalars["grad_norm_given"] = total
             run_mode = "propagate"
+        total, skipped = self._optc_execute(runs, ctx, clip, max_norm, total, run_mode)
+        if skipped:
+            self.skipped_steps += 1
+        else:
+            self._optc_commit(runs)
+            self._optc_end_step()
+        return None if max_norm is None else _norm_tensor(total, ctx.norm_dtype, ctx.first)
 
+    def _optc_context(self, runs, grad_scale, scale_is_tensor):
+        """What every run of one step shares: the prelude, threads, each run's
+        grad scale, and the dtype torch computes the total norm in."""
+        if grad_scale is not None:
+            for r in runs:
+                r.grad_scale = _run_scale(grad_scale, scale_is_tensor, r.grad_dtype)
+        norm_dtype = runs[0].grad_dtype
+        for r in runs[1:]:
+            norm_dtype = torch.promote_types(norm_dtype, r.grad_dtype)
+        threads = self._optc_threads if self._optc_threads is not None else torch.get_num_threads()
+        return StepContext({"torch_threads": float(torch.get_num_threads())}, threads, grad_scale, norm_dtype,
+                           runs[0].written[0])
+
+    def _optc_refuse_nonfinite(self, sumsq):
+        """A step that finds a non-finite grad under nonfinite skip or error."""
+        if self._optc_nonfinite == "error":
+            raise _capi.NonfiniteError(f"{type(self).__name__}: non-finite grads (their sum of squares is "
+                                       f"{sumsq}): the step was not taken, nothing changed",
+                                       _capi.OPTC_ERR_NONFINITE)
+        self.skipped_steps += 1
+
+    def _optc_execute(self, runs, ctx, clip, max_norm, total, run_mode):
+        """Runs each run's program: clip NONE, NORM (a single run measures
+        its own norm) or GIVEN (total). Returns (the total norm, whether
+        the step was skipped: only a single run checking its own grads can
+        skip here). Commits nothing."""
+        clip_scalars = {}
+        if max_norm is not None:
+            clip_scalars["max_norm"] = max_norm
+            if clip == _capi.OPTC_CLIP_GIVEN:
+                clip_scalars["grad_norm_given"] = total
         # Each run's clip and scalars. Where a run's grads are not of the
         # total norm's dtype (mixed dtypes: torch promotes the norm, and
         # computes the coefficient in that dtype), optc's GIVEN would
@@ -470,19 +603,20 @@ class OptcOptimizer:
         # coefficient is computed here, torch's way, and given as the
         # grad scale (one f32 multiply, as torch's g.mul_(coef) is).
         plans = [(clip, clip_scalars)] * len(runs)
-        if clip == _capi.OPTC_CLIP_GIVEN and grad_scale is None and any(r.grad_dtype != norm_dtype for r in runs):
-            tn = _norm_tensor(total, norm_dtype, torch.empty(0))
-            coef = float(torch.clamp(max_norm / (tn + 1e-6), max=1.0))
+        if clip == _capi.OPTC_CLIP_GIVEN and ctx.grad_scale is None and \
+                any(r.grad_dtype != ctx.norm_dtype for r in runs):
+            coef = clip_coef(max_norm, total, ctx.norm_dtype)
             for i, r in enumerate(runs):
-                if r.grad_dtype == norm_dtype or coef == 0.0 or math.isnan(coef):
+                if r.grad_dtype == ctx.norm_dtype or coef == 0.0 or math.isnan(coef):
                     continue  # 0 and NaN are the same in every dtype
                 plans[i] = (_capi.OPTC_CLIP_NONE, {} if coef >= 1.0 else {"grad_scale": coef})
 
-        self._optc_last = []
+        last = []
         for r, (c, _) in zip(runs, plans):
             k = ProgramKey(r.layout, c, run_mode, r.group_index)
             r.program = self._optc_program(k, r.options, _where_of(r))
-            self._optc_last.append(k)
+            last.append(k)
+        self._optc_last = last
         skipped = False
         for r, (c, cs) in zip(runs, plans):
             if not r.params:  # every shard of this run is empty on this rank
@@ -491,21 +625,17 @@ class OptcOptimizer:
             scalars = self._optc_scalars(group)
             scalars["step"] = r.step
             self._optc_adjust(group, scalars, r.step)
-            scalars.update(prelude)
-            if grad_scale is not None:
+            scalars.update(ctx.prelude)
+            if ctx.grad_scale is not None:
                 scalars["grad_scale"] = r.grad_scale
             scalars.update(cs)
-            res = self._optc_run(r, r.program, scalars, threads)
+            res = self._optc_run(r, r.program, scalars, ctx.threads)
             if c == _capi.OPTC_CLIP_NORM:
                 total = res.grad_norm
-            skipped = skipped or bool(res.skipped)  # only a single unsharded run can skip: others checked above
-        if skipped:
-            self.skipped_steps += 1
-        else:
-            self._optc_commit(runs)
-        return None if max_norm is None else _norm_tensor(total, norm_dtype, first_grad)
+            skipped = skipped or bool(res.skipped)
+        return total, skipped
 
-    def _optc_sumsq(self, runs, prelude, grad_scale, threads):
+    def _optc_sumsq(self, runs, ctx):
         """The f64 sum of squares of every (scaled) grad of these runs, over
         every rank that holds a shard of them: each run's own (optc's
         grad_norm program, which writes nothing), summed in run order per
@@ -514,17 +644,23 @@ class OptcOptimizer:
         for r in runs:
             s = 0.0
             if r.params:
-                lay = r.layout
-                k = ProgramKey(lay._replace(optimizer="optc.grad_norm", fused=False, flags=()),
-                               _capi.OPTC_CLIP_NONE, "propagate", r.group_index)
-                prog = self._optc_program(k, (), _where_of(r))
-                sc = dict(prelude) if grad_scale is None else dict(prelude, grad_scale=r.grad_scale)
-                s = self._optc_run(r, prog, sc, threads).grad_sumsq
+                s = self._optc_run(r, self._optc_norm_program(r), self._optc_norm_scalars(r, ctx),
+                                   ctx.threads).grad_sumsq
             parts[r.reduce] = parts.get(r.reduce, 0.0) + s
-        total = 0.0
-        for key, s in parts.items():
-            total += s if key is None else _dist.sum_over_ranks(key, s)
-        return total
+        return fold_over_ranks(parts)
+
+    def _optc_norm_program(self, r):
+        """optc.grad_norm for run r's layout: measures, writes nothing."""
+        lay = r.layout
+        k = ProgramKey(lay._replace(optimizer="optc.grad_norm", fused=False, flags=()), _capi.OPTC_CLIP_NONE,
+                       "propagate", r.group_index)
+        return self._optc_program(k, (), _where_of(r))
+
+    def _optc_norm_scalars(self, r, ctx):
+        sc = dict(ctx.prelude)
+        if ctx.grad_scale is not None:
+            sc["grad_scale"] = r.grad_scale
+        return sc
 
     def _optc_run(self, r, prog, scalars, threads):
         n = len(r.params)
@@ -552,9 +688,9 @@ class OptcOptimizer:
             raise type(e)(f"{type(self).__name__}: {_where_of(r)}{more}: {e}", e.code) from None
 
     def _optc_commit(self, runs):
-        """After a step that was taken: the step counts as torch counts
-        them, new states into self.state, and the autograd version
-        counters of what optc wrote (torch's in-place ops bump them)."""
+        """After runs that were taken: the step counts as torch counts them,
+        new states into self.state, and the autograd version counters of
+        what optc wrote (torch's in-place ops bump them)."""
         written = []
         for r in runs:
             written += r.written
@@ -568,8 +704,10 @@ class OptcOptimizer:
             for p, nm, t in r.new_states:
                 self.state[p][nm] = t
         torch.autograd.graph.increment_version(written)
-        self._optc_after_step(runs)
 
+    def _optc_end_step(self):
+        """After a whole step was taken (every param's runs committed)."""
+        self._optc_after_step()
 
 def _where_of(r):
     return r.where[0] if r.where else "an empty shard"
