@@ -8,6 +8,12 @@ on the same per-rank data, once with each optimizer, and compares each
 rank's losses, local param shards and local states bit for bit; each case
 is one test here, failing with every rank's mismatches.
 
+The in_backward=True cases (issue 34) step each param as its grad lands in
+the backward and are compared with torch.optim stepping after it, as above;
+each also checks where its steps ran (in the backward, speculated and kept
+or redone, or after it: the optimizer's in_backward_stats), so that a case
+cannot pass by quietly stepping everything after the backward.
+
 What torch cannot run itself is compared with torch's kernel on the
 shards: torch 2.15's fused SGD and Adagrad have no DTensor sharding
 strategy (NotImplementedError), so their reference is the same fused
@@ -50,5 +56,27 @@ def test_fsdp2(case, fsdp_results):
     if case["model"] == "empty":
         assert got["info"]["rank1"].get("empty_shards", 1) > 0 or case["mode"] != "step", \
             "the 'empty' model gave rank 1 no empty shard"
-    if case["mode"] == "fused":
-        assert got["info"]["rank0"]["clipped_steps"] > 0, "max_norm never clipped: the case tests nothing"
+    info = got["info"]["rank0"]
+    if case["mode"] == "fused" or (case["mode"] == "clip" and case["frac"] < 1):
+        assert info["clipped_steps"] > 0, "max_norm never clipped: the case tests nothing"
+    if case["mode"] == "clip" and case["frac"] > 1:
+        assert info["clipped_steps"] == 0, "max_norm clipped where the case means it not to"
+    if case.get("inbwd") is not None:
+        _check_in_backward(case, info)
+
+
+def _check_in_backward(case, info):
+    """That the case stepped where it claims to: in the backward, by
+    speculation kept or redone, or after it."""
+    spec = case["inbwd"].get("speculate", False)
+    waits = case["inbwd"].get("nonfinite", "propagate") != "propagate" or case["frac"] is not None
+    if not waits:
+        assert info["stepped_in_backward"] > 0 and info["stepped_after"] == 0, info
+    elif not spec:
+        assert info["stepped_in_backward"] == 0 and info["measured_in_backward"] > 0, info
+    else:
+        assert info["speculated"] > 0, info
+        if case["mode"] == "clip" and case["frac"] < 1 or case["mode"] == "accum":
+            assert info["redone"] > 0, f"no speculation was redone: {info}"
+        if case["mode"] == "clip" and case["frac"] > 1:
+            assert info["redone"] == 0 and info["stepped_after"] == 0, info

@@ -123,7 +123,7 @@ class OnShards:
 
 
 def optc_opt(case, params, **extra):
-    kw = dict(case["kw"])
+    kw = dict(case["kw"], **fsdp_cases.optc_kw(case))
     if case["opt"] != "Lion" and not kw.get("fused"):
         kw["foreach"] = False
     return getattr(otorch, case["opt"])(params, **kw, **extra)
@@ -206,12 +206,13 @@ def compare_snapshot(m, o, snap, errs, what):
                 errs.append(f"{what}: state {k} changed: {d}")
 
 
-def step_pair(case, mt, ot, mo, oo, step, errs, after=None):
+def step_pair(case, mt, ot, mo, oo, step, errs, after=None, info=None):
     lt, lo = forward_backward(mt, case, step), forward_backward(mo, case, step)
     if d := diff(lt, lo):
         errs.append(f"step {step}: loss {lt.item()!r} vs {lo.item()!r}")
     ot.step()
     oo.step()
+    count_inbwd(oo, info)
     ot.zero_grad()
     oo.zero_grad()
     if after:
@@ -221,11 +222,20 @@ def step_pair(case, mt, ot, mo, oo, step, errs, after=None):
 
 # ---- the modes --------------------------------------------------------------------------------
 
+def count_inbwd(oo, info):
+    """Adds the optimizer's last in-backward counts to info's."""
+    st = getattr(oo, "in_backward_stats", None)
+    if st is None or info is None:
+        return
+    for k, v in st.items():
+        info[k] = info.get(k, 0) + v
+
+
 def mode_step(case, errs, info):
     mt, mo = build(case), build(case)
     ot, oo = torch_opt(case, mt.parameters()), optc_opt(case, mo.parameters())
     for s in range(STEPS):
-        step_pair(case, mt, ot, mo, oo, s, errs)
+        step_pair(case, mt, ot, mo, oo, s, errs, info=info)
     compare_states(mt, ot, mo, oo, errs, "states")
     info["empty_shards"] = sum(1 for p in mo.parameters() if local(p).numel() == 0)
     info["placements"] = sorted({str(p.placements) for p in mo.parameters()})
@@ -400,7 +410,129 @@ def mode_groups(case, errs, info):
     info["group_keys"] = sorted(go[0])
 
 
-MODES = {"step": mode_step, "fused": mode_fused, "own_norm": mode_own_norm, "skip": mode_skip,
+def first_norm(case):
+    """The total grad norm of the first step (torch's, on a model of its own):
+    where max_norm is put as a fraction of it."""
+    m = build(case)
+    forward_backward(m, case, 0)
+    tn = torch.nn.utils.clip_grad_norm_(m.parameters(), float("inf"))
+    return float(tn.full_tensor() if isinstance(tn, DTensor) else tn)
+
+
+def mode_clip(case, errs, info):
+    """in_backward with max_norm (speculating or not) and torchtune's
+    scale_grads: the scale set before the backward (set_grad_scale), the
+    norm torch's (given at fused_step), against scale_grads_, clip_grad_norm_
+    and the step after the backward."""
+    scale = torch.tensor(0.75)
+    max_norm = case["frac"] * float(scale) * first_norm(case)
+    mt, mo = build(case), build(case)
+    ot, oo = torch_opt(case, mt.parameters()), optc_opt(case, mo.parameters(), max_norm=max_norm)
+    clipped = 0
+    for s in range(STEPS):
+        lt = forward_backward(mt, case, s)
+        oo.set_grad_scale(scale)
+        lo = forward_backward(mo, case, s)
+        if diff(lt, lo):
+            errs.append(f"step {s}: loss {lt.item()!r} vs {lo.item()!r}")
+        for p in mt.parameters():
+            p.grad *= scale
+        tn = torch.nn.utils.clip_grad_norm_(mt.parameters(), max_norm)
+        tn = tn.full_tensor() if isinstance(tn, DTensor) else tn
+        clipped += float(tn) > max_norm
+        ot.step()
+        no = oo.fused_step(grad_norm=tn)
+        count_inbwd(oo, info)
+        if d := diff(no, tn):
+            errs.append(f"step {s}: returned norm {no!r} vs torch's {tn!r}: {d}")
+        ot.zero_grad()
+        oo.zero_grad()
+        compare_params(mt, mo, errs, f"after step {s}")
+    compare_states(mt, ot, mo, oo, errs, "states")
+    info["clipped_steps"] = clipped
+    # optc's own norm, in the backward, on every rank the same, within a rounding of torch's
+    lt, lo = forward_backward(mt, case, STEPS), forward_backward(mo, case, STEPS)
+    tn = torch.nn.utils.clip_grad_norm_(mt.parameters(), max_norm)
+    tn = tn.full_tensor() if isinstance(tn, DTensor) else tn
+    oo.step()
+    no = oo.last_grad_norm
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, float(no))
+    if len(set(everyone)) != 1:
+        errs.append(f"the ranks' own norms differ: {everyone}")
+    r = abs(float(no) - float(tn)) / float(tn)
+    if r > torch.finfo(tn.dtype).eps:
+        errs.append(f"optc's own norm {float(no)!r} vs torch's {float(tn)!r}: relative {r:.3g}")
+
+
+def mode_accum(case, errs, info):
+    """Two micro-batches a step: optc's first backward under no_step()
+    (FSDP2 reduce-scattering each micro-batch, or only the last with
+    set_requires_gradient_sync(False)), against torch's accumulation."""
+    max_norm = case["frac"] * first_norm(case) if case["frac"] else None
+    mt, mo = build(case), build(case)
+    extra = {} if max_norm is None else dict(max_norm=max_norm)
+    ot, oo = torch_opt(case, mt.parameters()), optc_opt(case, mo.parameters(), **extra)
+    for s in range(STEPS):
+        for m, o in ((mt, None), (mo, oo)):
+            if not case["sync"]:
+                m.set_requires_gradient_sync(False)
+            if o is not None:
+                with o.no_step():
+                    forward_backward(m, case, 2 * s)
+            else:
+                forward_backward(m, case, 2 * s)
+            if not case["sync"]:
+                m.set_requires_gradient_sync(True)
+        lt, lo = forward_backward(mt, case, 2 * s + 1), forward_backward(mo, case, 2 * s + 1)
+        if diff(lt, lo):
+            errs.append(f"step {s}: loss {lt.item()!r} vs {lo.item()!r}")
+        if max_norm is not None:
+            tn = torch.nn.utils.clip_grad_norm_(mt.parameters(), max_norm)
+            tn = tn.full_tensor() if isinstance(tn, DTensor) else tn
+            ot.step()
+            oo.fused_step(grad_norm=tn)
+        else:
+            ot.step()
+            oo.step()
+        count_inbwd(oo, info)
+        ot.zero_grad()
+        oo.zero_grad()
+        compare_params(mt, mo, errs, f"after step {s}")
+    compare_states(mt, ot, mo, oo, errs, "states")
+
+
+def mode_nan(case, errs, info):
+    """nonfinite='skip' in the backward: one rank's loss is NaN at step 1, so
+    every grad is after the reduce-scatter; every rank skips the step
+    (speculative steps put back), and training goes on as torch's with that
+    step left out."""
+    mt, mo = build(case), build(case)
+    ot, oo = torch_opt(case, mt.parameters()), optc_opt(case, mo.parameters())
+    for s in range(STEPS + 1):
+        if s != 1:
+            step_pair(case, mt, ot, mo, oo, s, errs, info=info)
+            continue
+        forward_backward(mt, case, s)
+        snap = snapshot(mo, oo)
+        sz = SIZES[case["model"]]
+        g = torch.Generator().manual_seed(1000 * s + dist.get_rank() + 1)
+        x = torch.randint(0, sz["vocab"], (8, sz["ctx"]), generator=g)
+        y = torch.randn(8, sz["out"], generator=g)
+        if dist.get_rank() == dist.get_world_size() - 1:
+            y[0, 0] = float("nan")
+        ((mo(x).float() - y) ** 2).mean().backward()
+        oo.step()
+        count_inbwd(oo, info)
+        compare_snapshot(mo, oo, snap, errs, f"step {s} (skipped)")
+        ot.zero_grad()
+        oo.zero_grad()
+    if oo.skipped_steps != 1:
+        errs.append(f"skipped_steps {oo.skipped_steps}, not 1")
+    compare_states(mt, ot, mo, oo, errs, "states")
+
+
+MODES = {"clip": mode_clip, "accum": mode_accum, "nan": mode_nan, "step": mode_step, "fused": mode_fused, "own_norm": mode_own_norm, "skip": mode_skip,
          "state_dict": mode_state_dict, "dcp": mode_dcp, "groups": mode_groups}
 
 
