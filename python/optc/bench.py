@@ -20,6 +20,12 @@ clip_grad_norm_(max_norm=1.0). Competitors:
   optc               optc.torch.AdamW(...).fused_step(grad_scale, max_norm):
                      the for-loop's bits
   optc fused         the same with fused=True: torch fused=True's bits
+  deepspeed          DeepSpeed's DeepSpeedCPUAdam (adamw_mode, its AVX-512
+                     or AVX2 C++ step; its cpu_adam op is built with ninja
+                     at first use, ~40 s, then cached): its states are
+                     always fp32, so in bf16 it moves 22 B an element
+  optc fp32 states   optc.torch.AdamW with its states made fp32 before the
+                     first step (bf16 only): DeepSpeed's layout
 
 torch's scale and clip run eagerly around its step, as in torchtune's
 recipe; optc's run inside its step. GB/s counts the traffic model's bytes
@@ -132,6 +138,43 @@ def in_turns(steps, ceiling, rounds, warmup, before):
     return times, ceil
 
 
+def _eager_then(scale_and_clip, clip, step):
+    import torch
+    with torch.no_grad():
+        scale_and_clip(clip)
+    step()
+
+
+def deepspeed_bits(torch, otorch, dname, hyper, n=1 << 20):
+    """How DeepSpeedCPUAdam's update differs from torch.optim.AdamW
+    (foreach=False) and optc's, over one step of n elements from the same
+    params, grads and (zero) states: {name: (elements that differ, most
+    ulps apart)}. In bf16 DeepSpeed keeps fp32 states, so its bf16 params
+    differ from torch's by design there."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dname]
+    gen = torch.Generator().manual_seed(7)
+    p0 = torch.empty(n).uniform_(-1, 1, generator=gen).to(dt)
+    g0 = torch.empty(n).uniform_(-0.01, 0.01, generator=gen).to(dt)
+    out = {}
+    for name in ("torch", "deepspeed", "optc"):
+        p = torch.nn.Parameter(p0.clone())
+        p.grad = g0.clone()
+        o = (torch.optim.AdamW([p], **hyper, foreach=False) if name == "torch" else
+             DeepSpeedCPUAdam([p], **hyper, adamw_mode=True) if name == "deepspeed" else
+             otorch.AdamW([p], **hyper))
+        for _ in range(2):
+            o.step()
+        out[name] = p.detach()
+    wide = {torch.float32: torch.int32, torch.bfloat16: torch.int16}[dt]
+    res = {}
+    for a, b in (("deepspeed", "torch"), ("optc", "torch")):
+        x, y = out[a].view(wide).long(), out[b].view(wide).long()
+        d = (x - y).abs()
+        res[f"{a} vs {b}"] = (int((d != 0).sum()), int(d.max()))
+    return res
+
+
 def summary(ms):
     return dict(ms=statistics.median(ms), ms_min=min(ms), ms_max=max(ms), reps=len(ms))
 
@@ -149,10 +192,11 @@ def cpu_model():
 
 # ---- the run ------------------------------------------------------------------------------------
 
-COMPETITORS = ["for-loop", "foreach", "fused", "compile", "optc", "optc-fused"]
+COMPETITORS = ["for-loop", "foreach", "fused", "compile", "deepspeed", "optc", "optc-fused", "optc-f32states"]
 LABELS = {"for-loop": "torch for-loop", "foreach": "torch foreach", "fused": "torch fused=True",
-          "compile": "torch.compile(step)", "optc": "optc fused_step", "optc-fused": "optc fused=True"}
-OPTC = ("optc", "optc-fused")
+          "compile": "torch.compile(step)", "deepspeed": "DeepSpeedCPUAdam", "optc": "optc fused_step",
+          "optc-fused": "optc fused=True", "optc-f32states": "optc fp32 states"}
+OPTC = ("optc", "optc-fused", "optc-f32states")
 CASES = {"plain": "", "scale": " + scale_grads", "scale+clip": " + scale_grads + clip_grad_norm"}
 
 
@@ -191,12 +235,17 @@ def bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out):
     first = {}
     bpe = {}
     keep = []  # the optimizers, alive until every case has run
+    comps = [c for c in comps if not (c == "optc-f32states" and dname == "fp32")]  # the same as optc there
     for comp in comps:
         gc.collect()
         if comp in OPTC:
             t0 = time.perf_counter()
             built0 = capi.step_new_seconds
             opt = otorch.AdamW(params, **hyper, fused=comp == "optc-fused")
+            if comp == "optc-f32states":
+                for p in params:
+                    opt.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p, dtype=torch.float32),
+                                        exp_avg_sq=torch.zeros_like(p, dtype=torch.float32))
             with torch.no_grad():
                 opt.fused_step()
             first[comp, "plain"] = dict(ms=(time.perf_counter() - t0) * 1e3,
@@ -212,9 +261,17 @@ def bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out):
                 steps[comp][c]()
                 first[comp, c] = dict(ms=(time.perf_counter() - t0) * 1e3,
                                       compile_ms=(capi.step_new_seconds - built0) * 1e3)
-            for c in CASES:
+            for c in CASES if comp == "optc" else ():  # the traffic model of the step: the dtype's own layout
                 clip = capi.OPTC_CLIP_NORM if c == "scale+clip" else capi.OPTC_CLIP_NONE
                 bpe[c] = opt._optc_programs[next(k for k in opt._optc_programs if k[1] == clip)].bytes_per_element
+            keep.append(opt)
+            continue
+        if comp == "deepspeed":
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+            opt = DeepSpeedCPUAdam(params, **hyper, adamw_mode=True)
+            step = opt.step
+            steps[comp] = {"plain": step, "scale": functools.partial(_eager_then, scale_and_clip, False, step),
+                           "scale+clip": functools.partial(_eager_then, scale_and_clip, True, step)}
             keep.append(opt)
             continue
         # torchtune's config says fused: False and leaves foreach to torch (the for-loop on the CPU)
@@ -253,7 +310,7 @@ def bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out):
         print(f"  in-place ceiling (a += s*b, f64, the faster of two a round): median {ceil:.1f} GB/s "
               f"({min(ceils):.1f}-{max(ceils):.1f})")
         print(f"  {'':22s} {'ms/step':>9s} {'min':>8s} {'max':>8s} {'GB/s':>7s} {'% ceiling':>9s} "
-              + "".join(f"{'vs ' + LABELS[o]:>19s}" for o in mine))
+              + "".join(f"{'vs ' + LABELS[o]:>21s}" for o in mine))
         first0 = first[mine[0], c]
         case = dict(dtype=dname, case=c, scale=c != "plain", clip=clip, elements=total, tensors=len(sizes),
                     buffer_bytes=buf_bytes, bytes_per_element=bpe[c], ceiling_gbs=ceil,
@@ -265,8 +322,9 @@ def bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out):
             pct = statistics.median(100 * step_gb / (t * 1e-3) / g for t, g in zip(ms[comp], ceils))
             speed = {o: statistics.median(t / u for t, u in zip(ms[comp], ms[o])) for o in mine if o != comp}
             case["results"][comp] = dict(r, rounds_ms=ms[comp], gbs=gbs, pct_ceiling=pct,
-                                         optc_speedup=speed.get("optc"), optc_fused_speedup=speed.get("optc-fused"))
-            sp = "".join(f"{f'{speed[o]:.2f}x' if o in speed else '':>19s}" for o in mine)
+                                         optc_speedup=speed.get("optc"), optc_fused_speedup=speed.get("optc-fused"),
+                                         optc_f32states_speedup=speed.get("optc-f32states"))
+            sp = "".join(f"{f'{speed[o]:.2f}x' if o in speed else '':>21s}" for o in mine)
             print(f"  {LABELS[comp]:22s} {r['ms']:9.1f} {r['ms_min']:8.1f} {r['ms_max']:8.1f} {gbs:7.1f} "
                   f"{pct:8.0f}% {sp}")
         for o in mine:
@@ -275,6 +333,12 @@ def bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out):
                   f"{' (allocating the states)' if c == 'plain' else ''}, of which compiling "
                   f"{f['compile_ms']:.1f} ms{' (disk cache off)' if not args.warm_cache else ''}")
         out["cases"].append(case)
+    if "deepspeed" in comps:
+        bits = deepspeed_bits(torch, otorch, dname, hyper)
+        out.setdefault("deepspeed_bits", {})[dname] = bits
+        for k, (nd, ulp) in bits.items():
+            print(f"  {dname} bits, two steps over 1M elements, {k}: {nd:,} elements differ"
+                  f"{f', at most {ulp} ulp' if nd else ''}")
     del keep, steps, ceiling
     if "compile" in comps:
         torch._dynamo.reset()

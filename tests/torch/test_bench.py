@@ -62,3 +62,42 @@ def test_small_run_json(tmp_path, capsys):
             ratios = [t / u for t, u in zip(res[comp]["rounds_ms"], res["optc"]["rounds_ms"])]
             assert res[comp]["optc_speedup"] == statistics.median(ratios)
         assert res["optc"]["optc_speedup"] is None
+
+
+def test_deepspeed_competitor(tmp_path, capsys):
+    """DeepSpeedCPUAdam (PyPI deepspeed; its cpu_adam op builds at first use)
+    runs beside optc, and the bits it computes differently are counted."""
+    out = tmp_path / "d.json"
+    rc = bench.main(["--gib", "0.005", "--dtypes", "fp32,bf16", "--competitors", "deepspeed,optc,optc-f32states",
+                     "--reps", "2", "--warmup", "1", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "DeepSpeedCPUAdam" in text and "optc fp32 states" in text
+    doc = json.loads(out.read_text())
+    for case in doc["cases"]:
+        assert case["results"]["deepspeed"]["optc_speedup"] > 0
+        assert ("optc-f32states" in case["results"]) == (case["dtype"] == "bf16")
+    for dname in ("fp32", "bf16"):
+        bits = doc["deepspeed_bits"][dname]
+        assert set(bits) == {"deepspeed vs torch", "optc vs torch"}
+        # DeepSpeed's own formula: some elements differ from torch.optim's in either dtype
+        assert bits["deepspeed vs torch"][0] > 0
+
+
+def test_in_backward_bench(tmp_path, capsys):
+    """python -m optc.bench_inbwd: both orders of a round, the split and
+    shared-core runs, and where the in-backward steps ran."""
+    import optc.bench_inbwd as bi
+    out = tmp_path / "i.json"
+    rc = bi.main(["--width", "128", "--depth", "3", "--batch", "16", "--rounds", "2", "--warmup", "1",
+                  "--split", "1+1,shared", "--clip", "after,speculate", "--json", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert [r["split"] for r in doc["runs"]] == ["1+1", "shared"]
+    for r in doc["runs"]:
+        modes = r["modes"]
+        assert set(modes) == {"after", "in-bwd", "after+clip", "in-bwd+clip(after)", "in-bwd+clip(speculate)"}
+        assert modes["after"]["vs_after"] == 1.0
+        assert modes["in-bwd"]["in_backward_stats"]["stepped_in_backward"] == 6  # 3 weights, 3 biases
+        assert modes["in-bwd+clip(after)"]["in_backward_stats"]["stepped_after"] == 6
+        assert modes["in-bwd+clip(speculate)"]["in_backward_stats"]["speculated"] > 0

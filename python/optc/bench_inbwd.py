@@ -1,0 +1,177 @@
+"""python -m optc.bench_inbwd: the step inside the backward, on the CPU, as a
+proxy of the offloaded finetune where the GPU computes and the host steps.
+
+The model's forward and backward run on torch's threads (standing for the
+GPU) and optc's step on threads of its own (the host): --split 1+1 gives
+each one core of two. The iteration is timed two ways, in turns:
+
+  after      forward, backward, then opt.step(): the step waits for the
+             backward, as in an offloaded finetune today (the GPU idles
+             while the host steps)
+  in-bwd     the same optimizer with in_backward=True: each param is stepped
+             by optc's thread as its grad lands, beside the rest of the
+             backward; opt.step() waits for what is left
+
+Both give the same bits (tests/torch/test_fsdp.py). The model is a stack of
+Linear layers (fp32, AdamW); the batch is chosen so that the step is about
+--step-share of the serial iteration (default 0.4: "a third or more").
+--split shared runs both on every core (torch's threads and optc's
+threads all the cores): what in_backward gains where the step and the
+backward compete for the same cores, so that the figures are not read as
+more than they are. --clip adds max_norm (speculate or not).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def build(torch, width, depth, seed=0):
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m optc.bench_inbwd", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--depth", type=int, default=12)
+    ap.add_argument("--batch", type=int, default=0, help="tokens a step (default: chosen for --step-share)")
+    ap.add_argument("--step-share", type=float, default=0.4)
+    ap.add_argument("--split", default="1+1,shared", help="a comma list of T+O (torch's threads + optc's) "
+                    "or 'shared' (both all cores); default 1+1,shared")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--clip", default="", help="a comma list of after,speculate: with max_norm too")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)
+
+    import torch
+    import optc.torch as otorch
+
+    cores = len(os.sched_getaffinity(0))
+    out = dict(cpu=_cpu(), cores=cores, torch=torch.__version__, width=args.width, depth=args.depth, runs=[])
+    nparams = args.depth * (args.width * args.width + args.width)
+    print(f"python -m optc.bench_inbwd: {args.depth} x Linear({args.width}, {args.width}), {nparams / 1e6:.1f}M "
+          f"fp32 params, AdamW; {cores} cores ({out['cpu']})")
+
+    splits = []
+    for s in args.split.split(","):
+        if s == "shared":
+            splits.append(("shared", cores, cores))
+        else:
+            t, o = (int(v) for v in s.split("+"))
+            splits.append((s, t, o))
+
+    batch = args.batch
+    for name, tthreads, othreads in splits:
+        torch.set_num_threads(tthreads)
+        model = build(torch, args.width, args.depth)
+        if not batch:
+            batch = _choose_batch(torch, otorch, model, args.width, args.step_share, othreads)
+        x = torch.randn(batch, args.width)
+        modes = [("after", {}), ("in-bwd", dict(in_backward=True))]
+        for c in [c for c in args.clip.split(",") if c]:
+            modes += [("after+clip", dict(max_norm=1.0)),
+                      (f"in-bwd+clip({c})", dict(in_backward=True, max_norm=1.0, speculate=c == "speculate"))]
+        runs = {}
+        for mname, kw in modes:
+            m = build(torch, args.width, args.depth)
+            o = otorch.AdamW(m.parameters(), lr=1e-4, threads=othreads, **kw)
+            runs[mname] = (m, o)
+        fb_only = []
+
+        def iteration(m, o):
+            loss = m(x).square().mean()
+            loss.backward()
+            o.step()
+            o.zero_grad()
+
+        def fwd_bwd(m):
+            loss = m(x).square().mean()
+            loss.backward()
+            for p in m.parameters():
+                p.grad = None
+
+        times = {k: [] for k in runs}
+        for r in range(args.warmup + args.rounds):
+            order = list(runs)
+            order = order[r % len(order):] + order[:r % len(order)]
+            t0 = time.perf_counter()
+            fwd_bwd(runs["after"][0])
+            fb = (time.perf_counter() - t0) * 1e3
+            for k in order:
+                t0 = time.perf_counter()
+                iteration(*runs[k])
+                dt = (time.perf_counter() - t0) * 1e3
+                if r >= args.warmup:
+                    times[k].append(dt)
+            if r >= args.warmup:
+                fb_only.append(fb)
+        base = times["after"]
+        fbm = statistics.median(fb_only)
+        print(f"\n  {name}: torch {tthreads} thread(s), optc {othreads}; batch {batch}; forward+backward alone "
+              f"{fbm:.1f} ms; {args.rounds} rounds in turns")
+        print(f"  {'':22s} {'ms/iter':>8s} {'min':>7s} {'max':>7s} {'vs after':>9s}   step's share")
+        rec = dict(split=name, torch_threads=tthreads, optc_threads=othreads, batch=batch, fwd_bwd_ms=fbm,
+                   modes={})
+        for k, ts in times.items():
+            med = statistics.median(ts)
+            ratio = statistics.median(a / b for a, b in zip(ts, base))
+            share = max(0.0, (med - fbm) / med)
+            stats = getattr(runs[k][1], "in_backward_stats", None)
+            print(f"  {k:22s} {med:8.1f} {min(ts):7.1f} {max(ts):7.1f} {ratio:8.3f}x   {share:5.0%}"
+                  + (f"   {stats}" if stats else ""))
+            rec["modes"][k] = dict(ms=med, ms_min=min(ts), ms_max=max(ts), rounds_ms=ts, vs_after=ratio,
+                                   in_backward_stats=stats)
+        out["runs"].append(rec)
+        batch = args.batch or batch
+    if args.json:
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(out, f, indent=2)
+        os.replace(tmp, args.json)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def _choose_batch(torch, otorch, model, width, share, othreads):
+    """The batch (a power of two) whose serial iteration has the step's
+    share nearest `share`."""
+    o = otorch.AdamW(model.parameters(), lr=1e-4, threads=othreads)
+    best = None
+    for b in (32, 48, 64, 96, 128, 192, 256):  # from 32: matmuls bound by the ALU, not memory (the GPU's part)
+        x = torch.randn(b, width)
+        for _ in range(2):
+            t0 = time.perf_counter()
+            model(x).square().mean().backward()
+            t1 = time.perf_counter()
+            o.step()
+            t2 = time.perf_counter()
+            o.zero_grad()
+        s = (t2 - t1) / (t2 - t0)
+        if best is None or abs(s - share) < abs(best[1] - share):
+            best = (b, s)
+        if s < share:
+            break
+    return best[0]
+
+
+def _cpu():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
