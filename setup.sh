@@ -36,12 +36,23 @@ fi
 ninja -C build
 
 # .venv/: torch from PyPI (several GB, installed once) and what the tests
-# that run torch beside optc need. The C suite never needs it.
-VENV_PKGS=("torch==2.15.*" numpy safetensors pytest meson-python meson ninja)
+# that run torch beside optc need: the trainers they put optc in (HF
+# transformers + accelerate, torchtitan, torchtune's own imports), the
+# competitors the benchmarks time (torchao, DeepSpeed) and lion-pytorch
+# (Lion's reference). The C suite never needs it.
+# One venv holds them all, pinned on purpose: torchtitan 0.3 pins
+# datasets<4.8, whose huggingface-hub<2 transformers 5.25+ refuses (they need
+# hub>=2.4), so transformers stays at 5.24, the newest that installs beside
+# it. torchvision 0.29 is the newest on PyPI (it allows torch 2.15).
+VENV_PKGS=("torch==2.15.*" numpy safetensors pytest pytest-timeout meson-python meson ninja pyflakes
+           "transformers==5.24.*" "datasets>=4.7,<4.8" accelerate "torchtitan==0.3.*" "torchao==0.18.*"
+           deepspeed lion-pytorch "torchvision==0.29.*" tiktoken omegaconf sentencepiece blobfile)
+VENV_IMPORTS="torch, numpy, safetensors, pytest, pytest_timeout, mesonpy, transformers, datasets, accelerate,
+  torchtitan, torchao, deepspeed, lion_pytorch, torchvision, tiktoken, omegaconf, sentencepiece, blobfile"
 venv() {
-  if ! { [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch, numpy, safetensors, pytest, mesonpy' 2>/dev/null; }; then
-    echo "setup.sh: making .venv/ with ${VENV_PKGS[*]}"
-    python3 -m venv .venv
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  if ! .venv/bin/python -c "import ${VENV_IMPORTS//$'\n'/ }" 2>/dev/null; then
+    echo "setup.sh: installing into .venv/: ${VENV_PKGS[*]}"
     .venv/bin/pip install -q --upgrade pip
     .venv/bin/pip install -q "${VENV_PKGS[@]}"
   fi
