@@ -47,7 +47,7 @@ def test_torchtitan_trainer(case, titan_results):
     assert got is not None, f"the worker has no result for {case['name']}"
     assert not got["errors"], "\n".join(got["errors"][:40])
     info = got["info"]["rank0"]
-    if case["mode"] == "ckpt":
+    if case["mode"] in ("train", "ckpt"):
         want = {"adamw": {"AdamW"}, "mixed": {"Adam", "AdamW"},
                 "names": {"SGD", "Adagrad", "RMSprop", "Lion", "AdamW"}}[case["groups"]]
         assert {o.rsplit(".", 1)[1] for o in info["optimizers"]} == want
