@@ -25,7 +25,9 @@ class), and the HF helper imports transformers only when called.
 """
 from ._optimizers import SGD, Adagrad, Adam, AdamW, Lion, RMSprop
 
-__all__ = ["OPTIMIZERS", "OptcOptimizersContainer", "optc_optimizer_cls_and_kwargs"]
+# OptcOptimizersContainer is made on first use (module __getattr__), and is not in
+# __all__ so that `import *` does not need torchtitan.
+__all__ = ["OPTIMIZERS", "optc_optimizer_cls_and_kwargs"]
 
 # The names trainers use for optimizers, and optc.torch's class for each.
 OPTIMIZERS = {"AdamW": AdamW, "Adam": Adam, "SGD": SGD, "Adagrad": Adagrad, "RMSprop": RMSprop, "Lion": Lion}

@@ -30,7 +30,8 @@ def diff(a, b):
 
 def compare_values(a, b, errs, what):
     """Two values of a state dict: tensors (DTensors by their local shard and
-    placements) by their bits, the rest by ==."""
+    placements) by their bits, dicts and sequences item by item, the rest
+    by ==."""
     if torch.is_tensor(a) or torch.is_tensor(b):
         if type(a) is not type(b):
             errs.append(f"{what}: {type(a).__name__} vs {type(b).__name__}")
@@ -40,6 +41,12 @@ def compare_values(a, b, errs, what):
             errs.append(f"{what}: on {local(a).device} vs {local(b).device}")
         elif d := diff(local(a), local(b)):
             errs.append(f"{what}: {d}")
+    elif isinstance(a, dict) and isinstance(b, dict):
+        if sorted(a, key=str) != sorted(b, key=str):
+            errs.append(f"{what}: keys {sorted(a, key=str)} vs {sorted(b, key=str)}")
+        for k in a:
+            if k in b:
+                compare_values(a[k], b[k], errs, f"{what}.{k}")
     elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b)):
             compare_values(x, y, errs, f"{what}[{i}]")

@@ -62,7 +62,7 @@ from torchtitan.models.llama3.config_registry import llama3_debugmodel  # noqa: 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import titan_cases  # noqa: E402
-from bitcmp import compare_flat, compare_floats, compare_params, local  # noqa: E402
+from bitcmp import compare_flat, compare_floats, compare_params  # noqa: E402
 
 import optc.torch as otorch  # noqa: E402
 from optc.torch.integrations import OptcOptimizersContainer  # noqa: E402
@@ -229,11 +229,11 @@ def config(case, which, dump, load_from=None):
         cfg.checkpoint.initial_load_path = load_from
         cfg.checkpoint.initial_load_model_only = False
         cfg.checkpoint.load_only = True
-    if which == "optc":
-        cfg.optimizer = OptcOptimizersContainer.Config(param_groups=param_groups(case), implementation=case["impl"])
-    else:
-        cls = TorchNamesContainer if case["groups"] == "names" else OptimizersContainer
-        cfg.optimizer = cls.Config(param_groups=param_groups(case), implementation=case["ref_impl"])
+    cls = TorchNamesContainer if case["groups"] == "names" else OptimizersContainer
+    cfg.optimizer = cls.Config(param_groups=param_groups(case), implementation=case["ref_impl"])
+    if which == "optc":  # as a user swaps optc in: the same config, optc's container
+        cfg.optimizer = OptcOptimizersContainer.Config.of(cfg.optimizer)
+        cfg.optimizer.implementation = case["impl"]
     return cfg
 
 
