@@ -35,6 +35,7 @@ def cases():
         _case("llama", "fp32", "adamw_torch"),
         _case("llama", "mp", "adamw_torch_fused"),
         _case("llama", "bf16", "sgd"),
+        _case("llama", "fp32", "sgd"),
         _case("llama", "bf16", "adamw_torch", offload=True),
         _case("llama", "fp32", "adamw_torch_fused", offload=True),
         _case("llama4", "bf16", "adamw_torch"),

@@ -21,12 +21,14 @@ param_groups "adamw" is torchtitan's default_adamw (one AdamW group);
 "mixed" puts the norms in an Adam group without weight decay and the rest
 in AdamW; "names" gives each of optc's other optimizers some params (SGD
 with momentum, Adagrad, RMSprop, Lion) against a stock container that
-names torch's classes (lion-pytorch's Lion).
+names torch's classes (lion-pytorch's Lion); "nosqrt" is SGD and Lion
+only, whose fp32 for-loop steps take no square root and so run everywhere.
 """
 
 SQRT = {"AdamW", "Adam", "Adagrad", "RMSprop"}
 
-GROUPS = {"adamw": ("AdamW",), "mixed": ("Adam", "AdamW"), "names": ("SGD", "Adagrad", "RMSprop", "Lion", "AdamW")}
+GROUPS = {"adamw": ("AdamW",), "mixed": ("Adam", "AdamW"), "names": ("SGD", "Adagrad", "RMSprop", "Lion", "AdamW"),
+          "nosqrt": ("SGD", "Lion")}
 
 
 def _case(mode, dtype, impl, groups="adamw", ref_impl=None):
@@ -49,6 +51,7 @@ def cases():
         _case("ckpt", "bf16", "fused", groups="mixed"),
         _case("ckpt", "bf16", "for-loop", groups="names"),
         _case("ckpt", "fp32", "for-loop", groups="names"),
+        _case("train", "fp32", "for-loop", groups="nosqrt"),
     ]
 
 

@@ -186,6 +186,11 @@ def param_groups(case):
                                  optimizer_kwargs=dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)),
                 ParamGroupConfig(pattern=r".*", optimizer_name="AdamW",
                                  optimizer_kwargs=dict(lr=8e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1))]
+    if case["groups"] == "nosqrt":
+        return [ParamGroupConfig(pattern=r"tok_embeddings|norm", optimizer_name="SGD",
+                                 optimizer_kwargs=dict(lr=0.05, momentum=0.9, weight_decay=0.01)),
+                ParamGroupConfig(pattern=r".*", optimizer_name="Lion",
+                                 optimizer_kwargs=dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1))]
     return [ParamGroupConfig(pattern=r"tok_embeddings", optimizer_name="SGD",
                              optimizer_kwargs=dict(lr=0.05, momentum=0.9, weight_decay=0.01)),
             ParamGroupConfig(pattern=r"norm", optimizer_name="Adagrad", optimizer_kwargs=dict(lr=0.01)),
@@ -229,7 +234,7 @@ def config(case, which, dump, load_from=None):
         cfg.checkpoint.initial_load_path = load_from
         cfg.checkpoint.initial_load_model_only = False
         cfg.checkpoint.load_only = True
-    cls = TorchNamesContainer if case["groups"] == "names" else OptimizersContainer
+    cls = TorchNamesContainer if case["groups"] in ("names", "nosqrt") else OptimizersContainer
     cfg.optimizer = cls.Config(param_groups=param_groups(case), implementation=case["ref_impl"])
     if which == "optc":  # as a user swaps optc in: the same config, optc's container
         cfg.optimizer = OptcOptimizersContainer.Config.of(cfg.optimizer)
