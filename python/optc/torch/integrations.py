@@ -130,8 +130,10 @@ def _torchtitan_container():
         (torch's for-loop; lion-pytorch's update_fn) and ignore those keys,
         as torch's RMSprop does.
         "fused_opt_states_bf16" (fp32 params, bf16 Adam states, from
-        torchtitan's step pre-hook) is refused: optc has no model of that
-        CUDA kernel's mixed-precision arithmetic."""
+        torchtitan's step pre-hook, for torch's CUDA-only mixed-precision
+        fused kernel) is refused: optc does not promise that kernel's bits,
+        and torch's CPU Adam refuses the mixed dtypes, so there are none
+        here to match."""
 
         @dataclass(kw_only=True, slots=True)
         class Config(OptimizersContainer.Config):
@@ -145,8 +147,8 @@ def _torchtitan_container():
         def __init__(self, config, *, model_parts):
             if config.implementation == "fused_opt_states_bf16":
                 raise ValueError("OptcOptimizersContainer: implementation 'fused_opt_states_bf16' (fp32 params "
-                                 "with bf16 Adam states) is not one optc models; use 'fused', 'foreach' or "
-                                 "'for-loop'")
+                                 "with bf16 Adam states, torch's CUDA mixed-precision kernel) has no bits optc "
+                                 "promises; use 'fused', 'foreach' or 'for-loop'")
             super().__init__(config, model_parts=model_parts)
 
         @staticmethod
