@@ -10,7 +10,6 @@ each case's end before the next begins.
 """
 import copy
 import json
-import math
 import os
 import sys
 import tempfile
@@ -208,7 +207,7 @@ def compare_snapshot(m, o, snap, errs, what):
 
 def step_pair(case, mt, ot, mo, oo, step, errs, after=None, info=None):
     lt, lo = forward_backward(mt, case, step), forward_backward(mo, case, step)
-    if d := diff(lt, lo):
+    if diff(lt, lo):
         errs.append(f"step {step}: loss {lt.item()!r} vs {lo.item()!r}")
     ot.step()
     oo.step()
