@@ -12,8 +12,8 @@ each one core of two. The iteration is timed two ways, in turns:
              by optc's thread as its grad lands, beside the rest of the
              backward; opt.step() waits for what is left
 
-Both give the same bits (tests/torch/test_fsdp.py). The model is a stack of
-Linear layers (fp32, AdamW); the batch is the largest that leaves the step
+Both give the same bits (tests/torch/test_fsdp.py). The model is an
+optional embedding and a stack of Linear layers (bf16 or fp32, AdamW); the batch is the largest that leaves the step
 at least --step-share of the serial iteration (default 0.34: "a third or
 more").
 --split shared runs both on every core (torch's threads and optc's
@@ -29,18 +29,30 @@ import sys
 import time
 
 
-def build(torch, width, depth, seed=0):
+def build(torch, width, depth, vocab, dtype, seed=0):
+    """An embedding of vocab tokens (its backward is a scatter into a dense
+    grad: little compute for many params, as a language model's embedding
+    and output layers are), then depth Linear + GELU layers."""
     torch.manual_seed(seed)
-    layers = []
+    layers = [torch.nn.Embedding(vocab, width)] if vocab else []
     for _ in range(depth):
         layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
-    return torch.nn.Sequential(*layers)
+    return torch.nn.Sequential(*layers).to(dtype)
+
+
+def inputs(torch, batch, width, vocab, dtype):
+    if vocab:
+        return torch.randint(0, vocab, (batch,), generator=torch.Generator().manual_seed(1))
+    return torch.randn(batch, width).to(dtype)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m optc.bench_inbwd", description=__doc__.split("\n\n")[0])
     ap.add_argument("--width", type=int, default=1024)
-    ap.add_argument("--depth", type=int, default=12)
+    ap.add_argument("--depth", type=int, default=24)
+    ap.add_argument("--vocab", type=int, default=0, help="an Embedding(vocab, width) first (default 0: none)")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"],
+                    help="params, grads, states and the model's compute (default bf16, as the Scout's finetune)")
     ap.add_argument("--batch", type=int, default=0, help="tokens a step (default: chosen for --step-share)")
     ap.add_argument("--step-share", type=float, default=0.34)
     ap.add_argument("--split", default="1+1,shared", help="a comma list of T+O (torch's threads + optc's) "
@@ -57,9 +69,12 @@ def main(argv=None):
 
     cores = len(os.sched_getaffinity(0))
     out = dict(cpu=_cpu(), cores=cores, torch=torch.__version__, width=args.width, depth=args.depth, runs=[])
-    nparams = args.depth * (args.width * args.width + args.width)
-    print(f"python -m optc.bench_inbwd: {args.depth} x Linear({args.width}, {args.width}), {nparams / 1e6:.1f}M "
-          f"fp32 params, AdamW; {cores} cores ({out['cpu']})")
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    out["dtype"] = args.dtype
+    nparams = args.depth * (args.width * args.width + args.width) + args.vocab * args.width
+    out["vocab"] = args.vocab
+    print(f"python -m optc.bench_inbwd: Embedding({args.vocab}, {args.width}) + {args.depth} x Linear({args.width}, "
+          f"{args.width}), {nparams / 1e6:.1f}M {args.dtype} params, AdamW; {cores} cores ({out['cpu']})")
 
     splits = []
     for s in args.split.split(","):
@@ -72,29 +87,29 @@ def main(argv=None):
     batch = args.batch
     for name, tthreads, othreads in splits:
         torch.set_num_threads(tthreads)
-        model = build(torch, args.width, args.depth)
+        model = build(torch, args.width, args.depth, args.vocab, dtype)
         if not batch:
-            batch = _choose_batch(torch, otorch, model, args.width, args.step_share, othreads)
-        x = torch.randn(batch, args.width)
+            batch = _choose_batch(torch, otorch, model, args.width, args.vocab, dtype, args.step_share, othreads)
+        x = inputs(torch, batch, args.width, args.vocab, dtype)
         modes = [("after", {}), ("in-bwd", dict(in_backward=True))]
         for c in [c for c in args.clip.split(",") if c]:
             modes += [("after+clip", dict(max_norm=1.0)),
                       (f"in-bwd+clip({c})", dict(in_backward=True, max_norm=1.0, speculate=c == "speculate"))]
         runs = {}
         for mname, kw in modes:
-            m = build(torch, args.width, args.depth)
+            m = build(torch, args.width, args.depth, args.vocab, dtype)
             o = otorch.AdamW(m.parameters(), lr=1e-4, threads=othreads, **kw)
             runs[mname] = (m, o)
         fb_only = []
 
         def iteration(m, o):
-            loss = m(x).square().mean()
+            loss = m(x).float().square().mean()
             loss.backward()
             o.step()
             o.zero_grad()
 
         def fwd_bwd(m):
-            loss = m(x).square().mean()
+            loss = m(x).float().square().mean()
             loss.backward()
             for p in m.parameters():
                 p.grad = None
@@ -141,17 +156,17 @@ def main(argv=None):
     return 0
 
 
-def _choose_batch(torch, otorch, model, width, share, othreads):
-    """The largest batch (a power of two from 4) whose serial iteration
+def _choose_batch(torch, otorch, model, width, vocab, dtype, share, othreads):
+    """The largest batch (a power of two) whose serial iteration
     leaves the step at least `share` of it; the smallest when none does."""
     o = otorch.AdamW(model.parameters(), lr=1e-4, threads=othreads)
-    chosen = 4
-    for b in (4, 8, 16, 32, 64, 128, 256):
-        x = torch.randn(b, width)
+    chosen = 1
+    for b in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        x = inputs(torch, b, width, vocab, dtype)
         got = []
         for _ in range(3):
             t0 = time.perf_counter()
-            model(x).square().mean().backward()
+            model(x).float().square().mean().backward()
             t1 = time.perf_counter()
             o.step()
             t2 = time.perf_counter()

@@ -89,7 +89,7 @@ def test_in_backward_bench(tmp_path, capsys):
     shared-core runs, and where the in-backward steps ran."""
     import optc.bench_inbwd as bi
     out = tmp_path / "i.json"
-    rc = bi.main(["--width", "128", "--depth", "3", "--batch", "16", "--rounds", "2", "--warmup", "1",
+    rc = bi.main(["--width", "128", "--depth", "3", "--vocab", "0", "--batch", "16", "--rounds", "2", "--warmup", "1",
                   "--split", "1+1,shared", "--clip", "after,speculate", "--json", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())

@@ -55,10 +55,11 @@ class InBackward:
         self.error = None
         self.thread = None
         self.hooks = {}  # id(param) -> (weakref to the param, hook handle)
-        self.members = set()  # ids of the params of param_groups when the hooks were last checked
+        self.places = {}  # id(param) -> (group index, index in the group, index over all): when hooks were checked
         self.no_step_depth = 0
         self.grad_scale = None  # (value, is_tensor) set by opt.set_grad_scale for the next step
         self.streams = {}  # CUDA device index -> the side stream the steps run on
+        self.spare = {}  # id(tensor) -> (tensor, its backup buffer): kept between steps, so no step allocates
         self._new_iteration()
 
     def _new_iteration(self):
@@ -78,10 +79,12 @@ class InBackward:
         """Hooks every param of param_groups that has none of ours (params
         swapped in after construction, as accelerate does, included)."""
         opt = self.opt_ref()
-        ids = set()
-        for group in opt.param_groups:
-            for p in group["params"]:
-                ids.add(id(p))
+        places = {}
+        index = 0
+        for gi, group in enumerate(opt.param_groups):
+            for pi, p in enumerate(group["params"]):
+                places[id(p)] = (gi, pi, index)
+                index += 1
                 h = self.hooks.get(id(p))
                 if h is not None and h[0]() is p:
                     continue
@@ -89,15 +92,15 @@ class InBackward:
                     continue
                 handle = p.register_post_accumulate_grad_hook(_make_hook(weakref.ref(self)))
                 self.hooks[id(p)] = (weakref.ref(p), handle)
-        for k in [k for k in self.hooks if k not in ids]:
+        for k in [k for k in self.hooks if k not in places]:
             _, handle = self.hooks.pop(k)
             handle.remove()
-        self.members = ids
+        self.places = places
 
     def landed_hook(self, p):
         """A param's grad is final (called by autograd or FSDP2 on the
         thread that runs the backward): queue it and return."""
-        if self.no_step_depth or id(p) not in self.members:
+        if self.no_step_depth or id(p) not in self.places:
             return
         ev = None
         local = _dist.local(p.grad) if p.grad is not None else None
@@ -164,7 +167,8 @@ class InBackward:
             if ev is not None:
                 events.append(ev)
         with torch.no_grad(), self._stream(params, events):
-            runs = opt._optc_collect(only={id(p) for p in params})
+            runs = opt._optc_collect_these(sorted((self.places[id(p)] + (p,) for p in params),
+                                                  key=lambda x: x[2]))
             if not runs:
                 return
             self.counts["batches"] += 1
@@ -175,7 +179,7 @@ class InBackward:
             self._measure(opt, runs, ctx)
             self.counts["measured_in_backward"] += sum(len(r.owners) for r in runs)
             if self.speculate and self._may_speculate(opt):
-                backups = [_backup(r) for r in runs]
+                backups = [self._backup(r) for r in runs]
                 _, _ = opt._optc_execute(runs, ctx, _capi.OPTC_CLIP_NONE, None, None, "propagate")
                 self.pending.append((runs, backups))
                 self.counts["speculated"] += sum(len(r.owners) for r in runs)
@@ -269,7 +273,7 @@ class InBackward:
             self.attach()
 
     def _finish(self, opt, max_norm, grad_norm):
-        rest = opt._optc_collect(only=None, exclude=self.stepped)
+        rest = opt._optc_collect(exclude=self.stepped)
         runs_all = [r for runs, _ in self.pending for r in runs] + rest
         if not runs_all:
             opt._optc_last = []
@@ -304,7 +308,7 @@ class InBackward:
                 # the speculation clipped with 1: put back what it overwrote, and step everything again
                 self.counts["redone"] = self.counts["speculated"]
                 self._undo()
-                rest = opt._optc_collect(only=None)
+                rest = opt._optc_collect()
         for runs, _ in self.pending:  # speculated with coefficient 1, and 1 it is
             opt._optc_commit(runs)
             self.counts["stepped_in_backward"] += sum(len(r.owners) for r in runs)
@@ -331,6 +335,20 @@ class InBackward:
                 key = _dist.reduce_key(p, p.grad, "a param") if _dist.is_dtensor(p) else None
                 parts[key] = parts.get(key, 0.0) + v
         return fold_over_ranks(parts)
+
+    def _backup(self, r):
+        """Copies of what a step of run r overwrites (its params and states),
+        into buffers kept from step to step."""
+        out = []
+        for t in r.written:
+            if not t.numel():
+                continue
+            kept = self.spare.get(id(t))
+            if kept is None or kept[0] is not t:
+                kept = self.spare[id(t)] = (t, torch.empty_like(t))
+            kept[1].copy_(t)
+            out.append((t, kept[1]))
+        return out
 
     def _undo(self):
         """Puts back what the speculative steps overwrote."""
@@ -391,11 +409,6 @@ def _single(r, lg):
         setattr(one, f, getattr(r, f))
     one.params, one.grads, one.states, one.where = [r.params[k]], [r.grads[k]], [r.states[k]], [r.where[k]]
     return one
-
-
-def _backup(r):
-    """Copies of what a step of run r overwrites: its params and states."""
-    return [(t, t.clone()) for t in r.written if t.numel()]
 
 
 def _restore(r, backup):

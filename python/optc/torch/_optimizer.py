@@ -453,79 +453,92 @@ class OptcOptimizer:
 
     # ---- gathering a step's tensors -------------------------------------------------------
 
-    def _optc_init_group(self, gi, group, first_index, runs, order, only=None, exclude=None):
-        """torch's _init_group: the group's params that have a grad (all, or
-        those whose id is in `only`, but not those in `exclude`), each placed
-        in the run of its layout (runs: the group's dict, order: every run
-        in order of its first tensor). Returns the index of the group's last
-        param + 1.
+    def _optc_init_group(self, gi, group, first_index, runs, order, exclude=None):
+        """torch's _init_group: the group's params that have a grad (but not
+        those whose id is in `exclude`), each placed in the run of its
+        layout (runs: the group's dict, order: every run in order of its
+        first tensor). Returns the index of the group's last param + 1."""
+        build = []
+        index = first_index
+        for pi, p in enumerate(group["params"]):
+            index += 1
+            if p.grad is None or (exclude and id(p) in exclude):
+                continue
+            self._optc_add(gi, group, pi, index - 1, p, build, runs, order)
+        return index
+
+    def _optc_add(self, gi, group, pi, index, p, build, runs, order):
+        """Places param p (group gi's pi-th, index-th of all) in its run.
+        build: [] or [the group's Build], filled on first use.
 
         This is the per-tensor Python work of a step, so it is kept lean: a
         grad's checks are one expression (the detailed ones run only to word
         an error), and a param's states are checked when they are new
         objects."""
-        build = None
-        seen = self._optc_seen
-        index = first_index
-        for pi, p in enumerate(group["params"]):
-            index += 1
-            g = p.grad
-            if g is None or (only is not None and id(p) not in only) or (exclude and id(p) in exclude):
-                continue
-            if build is None:
-                build = self._optc_build(group)
-            where = Where(gi, pi, index - 1)
-            lp, lg = _dist.local(p), _dist.local(g)
-            reduce = _dist.reduce_key(p, g, where) if lp is not p or lg is not g else None
-            # What memory safety needs, each step (p.grad may be any tensor a
-            # user assigned): strided, contiguous, the param's dtype, numel
-            # and device. Shape and the rest are worded by check_pair when
-            # this fails.
-            pdt = lp.dtype
-            dev = lp.get_device()  # -1: the CPU
-            if (lg.layout is not _STRIDED or lg.dtype is not pdt or pdt not in OPTC_DTYPE
-                    or lg.numel() != lp.numel() or lg.get_device() != dev or not lp.is_contiguous()
-                    or not lg.is_contiguous() or (dev < 0 and not (lp.is_cpu and lg.is_cpu))):
-                check_pair(self, lp, lg, where)
-            st = self._optc_state(group, p, g)
-            local_states = tuple(_dist.local(t) for t in st.tensors)
-            ids = tuple(map(id, st.tensors))
-            old = seen.get(id(p))
-            if old is None or old[1] != ids or old[0] is not p:
-                check_states(self, lp, st.names, local_states, where)
-                seen[id(p)] = (p, ids, st.tensors)  # kept alive, so that their ids stay theirs
-            sdtype = local_states[0].dtype if local_states else pdt
-            rk = (dev, pdt, sdtype, st.step, st.names, reduce)
-            run = runs.get(rk)
-            if run is None:
-                run = runs[rk] = Run(gi, layout_of(lp.device, pdt, sdtype, build), build.options, st.step,
-                                     lp.device, st.names, reduce)
-                order.append(run)
-            run.owners.append(p)
-            if lp.numel():
-                run.params.append(lp)
-                run.grads.append(lg)
-                run.states.append(local_states)
-                run.where.append(where)
-                run.owner_grads.append(lg)
-            else:
-                run.owner_grads.append(None)
-            run.written.append(lp)
-            run.written.extend(local_states)
-            if st.bump is not None:
-                run.bumps.append(st.bump)
-            for nm, t in st.new:
-                run.new_states.append((p, nm, t))
-        return index
+        g = p.grad
+        if not build:
+            build.append(self._optc_build(group))
+        b = build[0]
+        where = Where(gi, pi, index)
+        lp, lg = _dist.local(p), _dist.local(g)
+        reduce = _dist.reduce_key(p, g, where) if lp is not p or lg is not g else None
+        # What memory safety needs, each step (p.grad may be any tensor a
+        # user assigned): strided, contiguous, the param's dtype, numel and
+        # device. Shape and the rest are worded by check_pair when this fails.
+        pdt = lp.dtype
+        dev = lp.get_device()  # -1: the CPU
+        if (lg.layout is not _STRIDED or lg.dtype is not pdt or pdt not in OPTC_DTYPE
+                or lg.numel() != lp.numel() or lg.get_device() != dev or not lp.is_contiguous()
+                or not lg.is_contiguous() or (dev < 0 and not (lp.is_cpu and lg.is_cpu))):
+            check_pair(self, lp, lg, where)
+        st = self._optc_state(group, p, g)
+        local_states = tuple(_dist.local(t) for t in st.tensors)
+        ids = tuple(map(id, st.tensors))
+        old = self._optc_seen.get(id(p))
+        if old is None or old[1] != ids or old[0] is not p:
+            check_states(self, lp, st.names, local_states, where)
+            self._optc_seen[id(p)] = (p, ids, st.tensors)  # kept alive, so that their ids stay theirs
+        sdtype = local_states[0].dtype if local_states else pdt
+        rk = (gi, dev, pdt, sdtype, st.step, st.names, reduce)
+        run = runs.get(rk)
+        if run is None:
+            run = runs[rk] = Run(gi, layout_of(lp.device, pdt, sdtype, b), b.options, st.step, lp.device,
+                                 st.names, reduce)
+            order.append(run)
+        run.owners.append(p)
+        if lp.numel():
+            run.params.append(lp)
+            run.grads.append(lg)
+            run.states.append(local_states)
+            run.where.append(where)
+            run.owner_grads.append(lg)
+        else:
+            run.owner_grads.append(None)
+        run.written.append(lp)
+        run.written.extend(local_states)
+        if st.bump is not None:
+            run.bumps.append(st.bump)
+        for nm, t in st.new:
+            run.new_states.append((p, nm, t))
 
-    def _optc_collect(self, only=None, exclude=None):
-        """The runs of this step (every param with a grad, or those whose id
-        is in `only`, but not in `exclude`), in the order of their first
-        tensor."""
+    def _optc_collect(self, exclude=None):
+        """The runs of this step (every param with a grad, but those whose id
+        is in `exclude`), in the order of their first tensor."""
         order = []
         index = 0
         for gi, group in enumerate(self.param_groups):
-            index = self._optc_init_group(gi, group, index, {}, order, only, exclude)
+            index = self._optc_init_group(gi, group, index, {}, order, exclude)
+        return order
+
+    def _optc_collect_these(self, places):
+        """The runs of the params in `places`: [(group index, index in the
+        group, index over all groups, param)] in that order (the in-backward
+        batches: a few params, found without walking every group)."""
+        order, runs, builds = [], {}, {}
+        for gi, pi, index, p in places:
+            if p.grad is None:
+                continue
+            self._optc_add(gi, self.param_groups[gi], pi, index, p, builds.setdefault(gi, []), runs, order)
         return order
 
     # ---- the step -------------------------------------------------------------------------
