@@ -37,9 +37,9 @@ ninja -C build
 
 # .venv/: torch from PyPI (several GB, installed once) and what the tests
 # that run torch beside optc need. The C suite never needs it.
-VENV_PKGS=("torch==2.15.*" numpy safetensors pytest meson-python meson ninja)
+VENV_PKGS=("torch==2.15.*" numpy safetensors pytest pytest-timeout meson-python meson ninja)
 venv() {
-  if ! { [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch, numpy, safetensors, pytest, mesonpy' 2>/dev/null; }; then
+  if ! { [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch, numpy, safetensors, pytest, pytest_timeout, mesonpy' 2>/dev/null; }; then
     echo "setup.sh: making .venv/ with ${VENV_PKGS[*]}"
     python3 -m venv .venv
     .venv/bin/pip install -q --upgrade pip
@@ -61,8 +61,14 @@ case "${1:-}" in
     venv
     rc=0
     meson test -C build --print-errorlogs --num-processes 2 || rc=$?
+    # pytest.rc: its exit status and when it started, so that tests/summary.py
+    # counts a pytest that crashed before writing pytest.xml as a failure
+    rm -f build/pytest.xml build/pytest.rc
+    start=$(date +%s.%N) prc=0
     OPTC_BUILD=$PWD/build .venv/bin/python -m pytest tests/torch -q -p no:cacheprovider \
-      --junitxml=build/pytest.xml || rc=$?
+      --timeout=900 --junitxml=build/pytest.xml || prc=$?
+    echo "$prc $start" > build/pytest.rc
+    [ $prc -eq 0 ] || rc=$prc
     python3 tests/summary.py build || rc=1
     exit $rc
     ;;
