@@ -1,7 +1,8 @@
 /* step.c: `optc bench step`: the whole training step of a recipe, with the
  * optimizer compiled and with it eager, in one run: tokens per second
  * side by side, the loss curve's start and end, and where the time of a
- * step goes (forward and backward, collectives, optimizer). */
+ * step goes (forward and backward, collectives, optimizer). It fails when
+ * any run's loss at any step differs from the first run's. */
 #include "../runtime/coll.h"
 #include "../runtime/rt.h"
 
@@ -20,7 +21,11 @@ static const char usage[] =
     "N (N ranks under mpirun, FSDP) also the units' all-gathers and\n"
     "reduce-scatters: their time and what of it the model waited for, and,\n"
     "with optimizer_in_bwd=true, the optimizer's time hidden behind the\n"
-    "backward. No checkpoints or metrics files are written.\n";
+    "backward. No checkpoints or metrics files are written.\n"
+    "\n"
+    "Every run's loss at every step must be the same bits (the compiled step\n"
+    "is torch eager's arithmetic): the first difference is printed, and the\n"
+    "command fails.\n";
 
 static int write_text(FILE *f, void *ctx) { return fputs(ctx, f) < 0 ? -1 : 0; }
 
@@ -94,6 +99,9 @@ int bench_step(int argc, char **argv) {
   /* The machine's noise moves whole runs: alternate the two, keep the median. */
   TrainResult all[2][16] = {{{0}}};
   reps = MIN(reps, 16);
+  /* every run's loss at every step: all of them must be the same bits */
+  double *losses = calloc((size_t)(2 * reps) * (size_t)steps, sizeof(double));
+  ASSERT(losses);
   const char *name[2] = {"compiled", "eager"};
   int rc = 0;
   for (int rep = 0; rep < reps && rc == 0; rep++)
@@ -104,6 +112,8 @@ int bench_step(int argc, char **argv) {
       if (talk)
         fprintf(stderr, "\n== %s optimizer, run %d of %d\n", name[k], rep + 1, reps);
       TrainOptions to = {.steps = steps, .bench = true, .eval = rep == 0, .quiet = !talk};
+      all[k][rep].losses = losses + (size_t)(2 * rep + k) * (size_t)steps;
+      all[k][rep].max_losses = (int)steps;
       if (!r || train_run(r, coll, &to, &all[k][rep]) != 0)
         rc = 1;
       arena_free(arena);
@@ -111,8 +121,28 @@ int bench_step(int argc, char **argv) {
   int world = coll_size(coll);
   coll_free(coll);
   free(ov);
-  if (rc != 0 || !talk)
+  if (rc != 0 || !talk) {
+    free(losses);
     return rc;
+  }
+  /* The first run's losses against every other run's, step by step. */
+  const TrainResult *ref = &all[0][0];
+  const char *differs = NULL;
+  int diff_rep = 0;
+  long diff_step = 0;
+  for (int rep = 0; rep < reps && !differs; rep++)
+    for (int k = 0; k < 2 && !differs; k++) {
+      const TrainResult *t = &all[k][rep];
+      if (t->nlosses != ref->nlosses || t->nlosses != (int)ref->steps) {
+        differs = name[k], diff_rep = rep, diff_step = -1;
+        break;
+      }
+      for (int s = 0; s < t->nlosses; s++)
+        if (memcmp(&t->losses[s], &ref->losses[s], sizeof(double)) != 0) {
+          differs = name[k], diff_rep = rep, diff_step = s + 1;
+          break;
+        }
+    }
   TrainResult res[2];
   for (int k = 0; k < 2; k++) {
     /* the run with the median tokens/s, with the first run's held-out losses */
@@ -159,7 +189,17 @@ int bench_step(int argc, char **argv) {
            : !res[0].units.threaded           ? "its work in the backward ran on the model's thread"
                                               : "its work in the backward, beside it");
   }
-  printf("  (the two runs' losses are %s)\n", res[0].last_loss == res[1].last_loss ? "identical, bit for bit" : "DIFFERENT");
+  if (!differs)
+    printf("  (every run's loss at each of its %d steps is the same, bit for bit)\n", ref->nlosses);
+  else if (diff_step < 0)
+    printf("  DIFFERENT: the %s run %d logged %d losses, the first compiled run %d of %ld steps\n", differs,
+           diff_rep + 1, all[differs == name[0] ? 0 : 1][diff_rep].nlosses, ref->nlosses, ref->steps);
+  else
+    printf("  DIFFERENT: the %s run %d's loss at step %ld is %.17g, the first compiled run's %.17g\n", differs,
+           diff_rep + 1, diff_step, all[differs == name[0] ? 0 : 1][diff_rep].losses[diff_step - 1],
+           ref->losses[diff_step - 1]);
+  if (differs)
+    rc = 1;
   if (json_path) {
     json_t *o = json_pack("{s:s, s:i, s:I, s:[]}", "config", config, "nproc", world, "steps", (json_int_t)res[0].steps,
                           "results");
@@ -174,9 +214,11 @@ int bench_step(int argc, char **argv) {
                                       unit_ms[k][1], "optimizer_hidden_ms", hidden_ms[k]));
     json_object_set_new(o, "speedup", json_real(res[0].tokens_per_second / res[1].tokens_per_second));
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    rc = file_write_atomic_with(json_path, write_text, text) ? 1 : 0;
+    if (file_write_atomic_with(json_path, write_text, text) != 0)
+      rc = 1;
     free(text);
     json_decref(o);
   }
+  free(losses);
   return rc;
 }
