@@ -303,8 +303,13 @@ int ckpt_config(const Recipe *r, const char *default_out, CkptConfig *c) {
     return -1;
   if (parse_files(r, yaml_get(ck, "checkpoint_files"), c) != 0)
     return -1;
-  if (c->nfiles && !c->checkpoint_dir) {
-    error_at(ck->pos, "checkpointer: checkpoint_files needs a checkpoint_dir to find them in");
+  /* checkpoint_files (even []) says where the weights come from: without
+   * a checkpoint_dir that is a mistake, not a random start */
+  int fi = yaml_index(ck, "checkpoint_files");
+  if (fi >= 0 && !yaml_is_null(ck->items[fi]) && !c->checkpoint_dir) {
+    error_at(ck->key_pos[fi], "checkpointer.checkpoint_files: given without a checkpoint_dir to find %s in; give "
+                              "checkpointer.checkpoint_dir, or remove checkpoint_files to start from random weights",
+             c->nfiles ? "them" : "the model's files");
     return -1;
   }
   /* recipe_checkpoint and adapter_checkpoint: torchtune warns that it
