@@ -22,8 +22,8 @@
  * spread over the rounds. The workload is the tensor-size mix of the
  * recipe's model (Scout's by default), scaled to --params elements, at least
  * 1 GiB of buffers by default so that no cache holds it. */
-#include "../compiler/passes.h"
-#include "../runtime/rt.h"
+#include "passes.h"
+#include "rt.h"
 #include "fused_ref.h"
 
 #include <jansson.h>

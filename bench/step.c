@@ -3,8 +3,8 @@
  * side by side, the loss curve's start and end, and where the time of a
  * step goes (forward and backward, collectives, optimizer). It fails when
  * any run's loss at any step differs from the first run's. */
-#include "../runtime/coll.h"
-#include "../runtime/rt.h"
+#include "coll.h"
+#include "rt.h"
 
 #include <jansson.h>
 #include <math.h>

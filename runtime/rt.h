@@ -1,11 +1,11 @@
 /* rt.h: the runtime. Parameter groups in flat buffers, the executors that
  * run a compiled step over them, and the commands built on both. */
 #pragma once
-#include "../compiler/codegen.h"
-#include "../compiler/gpu.h"
-#include "../compiler/frontend.h"
-#include "../compiler/plan.h"
-#include "model/llama4.h"
+#include "codegen.h"
+#include "gpu.h"
+#include "frontend.h"
+#include "plan.h"
+#include "llama4.h"
 #include "tensor.h"
 #include "optc.h"
 

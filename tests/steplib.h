@@ -3,8 +3,8 @@
  * layouts they run, and building a step graph from recipe or .optir text.
  * Header-only; a test includes it once. */
 #pragma once
-#include "../compiler/passes.h"
-#include "../runtime/rt.h"
+#include "passes.h"
+#include "rt.h"
 
 #include <math.h>
 #include <stdio.h>

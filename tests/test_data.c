@@ -10,8 +10,8 @@
  * in a dataset directory.
  *   test_data TESTS_DIR   (tests/, for tests/data and tests/tokenizer)
  * Exits 0 when every check passes; run it under ASan+UBSan too. */
-#include "../runtime/data.h"
-#include "../runtime/parquet.h"
+#include "data.h"
+#include "parquet.h"
 
 #include <errno.h>
 #include <fcntl.h>

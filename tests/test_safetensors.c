@@ -3,7 +3,7 @@
  * empty TensorFile and exactly one error line that names the tensor at fault;
  * nothing may crash or read out of bounds (run it under ASan+UBSan).
  * Exits 0 when every check passes; prints what it checked on stdout. */
-#include "../runtime/tensor.h"
+#include "tensor.h"
 
 #include <dirent.h>
 #include <errno.h>

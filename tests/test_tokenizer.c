@@ -11,7 +11,7 @@
  * the pre-tokenizer's pieces. Then malformed vocabulary files must fail with
  * positioned errors, and the encode speed is printed (not asserted).
  * Exits 0 when every check passes. */
-#include "../runtime/tokenizer.h"
+#include "tokenizer.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 /* optc.c: the command line. */
-#include "../runtime/coll.h"
-#include "../runtime/data.h"
-#include "../runtime/rt.h"
+#include "coll.h"
+#include "data.h"
+#include "rt.h"
 #include "frontend.h"
 #include "optc.h"
 #include "passes.h"

@@ -4,7 +4,7 @@
  * double. */
 #include "llama4.h"
 
-#include "../blas.h"
+#include "blas.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -4,9 +4,9 @@
  * optimizer states under the recipe's dtypes, the bytes one optimizer step
  * moves per rank (the traffic model), the time that takes at a given
  * memory bandwidth, and the measured compile time of the step. */
-#include "../compiler/passes.h"
-#include "../runtime/blas.h"
-#include "../runtime/rt.h"
+#include "passes.h"
+#include "blas.h"
+#include "rt.h"
 #include "fused_ref.h"
 
 #include <cblas.h>

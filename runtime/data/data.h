@@ -23,7 +23,7 @@
 
 #include "base.h"
 #include "frontend.h"
-#include "model/llama4.h"
+#include "llama4.h"
 #include "tokenizer.h"
 
 /* ---- data.c: tokenizers ------------------------------------------------------

@@ -16,7 +16,7 @@
  * A rank holds its shard of the params, the reduced grads and the optimizer
  * states (fsdp.c), and of the whole model only the units in use; the bits do
  * not depend on the world size given the same summed gradients. */
-#include "../compiler/passes.h"
+#include "passes.h"
 #include "blas.h"
 #include "coll.h"
 #include "data.h"

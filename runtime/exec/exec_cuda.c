@@ -13,7 +13,7 @@
  * the reductions have the interpreter's bits. A step-scope reduction that
  * is not finite skips the rest of the step, as does grads_finite == 0
  * (with grads_finite < 0, the optc_nonfinite kernel finds out first). */
-#include "../compiler/gpu.h"
+#include "gpu.h"
 
 #include <dlfcn.h>
 #include <math.h>
