@@ -15,6 +15,7 @@
  * interpreter's bits. */
 #pragma once
 #include "codegen.h"
+#include "driver.h"
 
 /* ---- emit_cuda.c: the plan as CUDA C ------------------------------------------------ */
 typedef struct {
@@ -79,6 +80,11 @@ int cuda_compile_count(void);
 /* The program's kernels, one line each: registers, spills, stack, block
  * size, shared memory. */
 void cuda_program_report(const CudaProgram *p, Buf *out);
+/* The newest arch NVRTC compiles for at or below want (90 for sm_90): a
+ * cubin of want when it is want itself, else PTX of it, which the driver
+ * compiles. 0 when there is none; -1 (error printed) when NVRTC fails or
+ * this build has none. The GPU backend's choice and the NCCL collectives'. */
+int nvrtc_newest_arch(int want);
 /* For optc compile --target cuda --emit=cuda|ptx|cubin: the bytes to write. */
 int cuda_emit_source(const Graph *g, const CudaTarget *t, Buf *out);
 int cuda_emit_ptx(const Graph *g, const CudaTarget *t, Buf *out);
@@ -90,13 +96,6 @@ int cuda_emit_cubin(const Graph *g, const CudaTarget *t, Buf *out);
  * use) is made current on the calling thread. */
 typedef uint64_t CudaPtr; /* a device address (CUdeviceptr) */
 typedef struct CudaExec CudaExec;
-
-/* Whether a driver and a device are there; why not, in one line, in why. */
-bool cuda_device_available(char *why, size_t n);
-/* The arch of device 0, e.g. sm_90; false (why set) when there is none. */
-bool cuda_device_arch(char *arch, size_t n, char *why, size_t whyn);
-/* One line: the device's name, arch, memory and driver version. */
-bool cuda_device_describe(char *out, size_t n);
 
 /* An executor for program p over graph g's group laid out as l (both must
  * outlive it): it loads the module and uploads the chunk table. Its flat
@@ -134,8 +133,6 @@ double cuda_exec_kernel_ms(const CudaExec *x);
 double cuda_exec_phase_ms(const CudaExec *x, int k);
 void cuda_exec_free(CudaExec *x);
 
-/* Device 0's free and total memory, in bytes. */
-bool cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* Device memory for tests and benchmarks. 0 (error printed) on failure. */
 CudaPtr cuda_malloc(size_t bytes);
 void cuda_free(CudaPtr p);

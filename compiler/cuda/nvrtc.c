@@ -18,6 +18,8 @@
  * place that knows (OPTC_HAVE_NVRTC). */
 #include "gpu.h"
 
+#include "driver.h"
+
 #include <string.h>
 
 static int ncompiles;
@@ -93,6 +95,24 @@ static int arch_number(const char *s, bool *virt) {
   return atoi(d);
 }
 
+int nvrtc_newest_arch(int want) {
+  int count = 0;
+  if (!NVRTC_CHECK(nvrtcGetNumSupportedArchs(&count)))
+    return -1;
+  int *archs = calloc((size_t)count + 1, sizeof(int));
+  ASSERT(archs);
+  if (!NVRTC_CHECK(nvrtcGetSupportedArchs(archs))) {
+    free(archs);
+    return -1;
+  }
+  int best = 0;
+  for (int i = 0; i < count; i++)
+    if (archs[i] <= want && archs[i] > best)
+      best = archs[i];
+  free(archs);
+  return best;
+}
+
 /* What NVRTC compiles for: the arch asked for when NVRTC can make a cubin
  * of it, else PTX (compute_NN) for the newest arch it knows at or below. */
 static bool choose_arch(const char *want, char *arch, size_t n) {
@@ -102,25 +122,10 @@ static bool choose_arch(const char *want, char *arch, size_t n) {
     error("cuda backend: unknown arch '%s'; expected sm_NN or compute_NN (e.g. sm_90)", want);
     return false;
   }
-  int count = 0;
-  if (!NVRTC_CHECK(nvrtcGetNumSupportedArchs(&count)))
+  int best = nvrtc_newest_arch(num);
+  if (best < 0)
     return false;
-  int *archs = calloc((size_t)count + 1, sizeof(int));
-  ASSERT(archs);
-  if (!NVRTC_CHECK(nvrtcGetSupportedArchs(archs))) {
-    free(archs);
-    return false;
-  }
-  int best = 0;
-  bool exact = false;
-  for (int i = 0; i < count; i++) {
-    if (archs[i] == num)
-      exact = true;
-    if (archs[i] <= num && archs[i] > best)
-      best = archs[i];
-  }
-  free(archs);
-  if (exact) {
+  if (best == num) {
     snprintf(arch, n, "%s", want);
     return true;
   }
@@ -410,6 +415,11 @@ int cuda_emit_ptx(const Graph *g, const CudaTarget *t, Buf *out) {
 int cuda_emit_cubin(const Graph *g, const CudaTarget *t, Buf *out) {
   (void)out;
   return cuda_compile(g, t, NULL) ? 0 : -1;
+}
+
+int nvrtc_newest_arch(int want) {
+  (void)want;
+  return -1;
 }
 
 #endif

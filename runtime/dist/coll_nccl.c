@@ -16,14 +16,16 @@
  *   SMALL_ALL_REDUCE) ncclAllGather everything and fold on every rank.
  * - all-gather, broadcast: ncclAllGather, ncclBroadcast. Barrier: an
  *   ncclAllReduce of one int.
- * The kernels are compiled with NVRTC when the Coll is made; the CUDA
- * driver API (allocation, streams, modules, launches) is dlopened from
- * libcuda.so.1, never linked. */
+ * The kernels are compiled with NVRTC when the Coll is made, for the arch
+ * the GPU backend would choose (compiler/cuda/nvrtc.c); the CUDA driver
+ * API (allocation, streams, modules, launches) is the backend's, dlopened
+ * (compiler/cuda/driver.h), never linked. */
 #include "coll.h"
 
 #include "base.h"
+#include "driver.h"
+#include "gpu.h"
 
-#include <dlfcn.h>
 #include <nccl.h>
 #include <nvrtc.h>
 #include <sched.h>
@@ -36,92 +38,6 @@ enum {
   SMALL_ALL_REDUCE = 64 << 10, /* gather-and-fold all-reduce up to size*count bytes */
   THREADS = 256,
 };
-
-/* ---- the driver API, dlopened and declared here --------------------------------------
- * (compiler/cuda.h is optc's GPU backend, and shadows the toolkit's cuda.h.) */
-typedef int CUresult;
-typedef int CUdevice;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUmod_st *CUmodule;
-typedef struct CUfunc_st *CUfunction;
-typedef struct CUstream_st *CUstream; /* cudaStream_t, which NCCL takes */
-typedef unsigned long long CUdeviceptr;
-
-enum {
-  CUDA_SUCCESS = 0,
-  CUDA_ERROR_NO_DEVICE = 100,
-  CUDA_ERROR_NOT_READY = 600,
-  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
-  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
-  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
-  CU_STREAM_NON_BLOCKING = 1,
-};
-
-/* X(field, symbol, parameters): the versioned symbols are the ones cuda.h's
- * #defines pick (cuMemAlloc is cuMemAlloc_v2, ...). */
-#define DRIVER_API(X) \
-  X(Init, "cuInit", (unsigned flags)) \
-  X(GetErrorString, "cuGetErrorString", (CUresult r, const char **s)) \
-  X(DeviceGetCount, "cuDeviceGetCount", (int *n)) \
-  X(DeviceGet, "cuDeviceGet", (CUdevice *d, int ordinal)) \
-  X(DeviceGetAttribute, "cuDeviceGetAttribute", (int *v, int attr, CUdevice d)) \
-  X(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext *c, CUdevice d)) \
-  X(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (CUdevice d)) \
-  X(CtxSetCurrent, "cuCtxSetCurrent", (CUcontext c)) \
-  X(StreamCreate, "cuStreamCreate", (CUstream *s, unsigned flags)) \
-  X(StreamDestroy, "cuStreamDestroy_v2", (CUstream s)) \
-  X(StreamQuery, "cuStreamQuery", (CUstream s)) \
-  X(MemAlloc, "cuMemAlloc_v2", (CUdeviceptr *p, size_t bytes)) \
-  X(MemFree, "cuMemFree_v2", (CUdeviceptr p)) \
-  X(MemsetD8, "cuMemsetD8_v2", (CUdeviceptr p, unsigned char v, size_t n)) \
-  X(MemcpyHtoD, "cuMemcpyHtoD_v2", (CUdeviceptr dst, const void *src, size_t bytes)) \
-  X(MemcpyDtoH, "cuMemcpyDtoH_v2", (void *dst, CUdeviceptr src, size_t bytes)) \
-  X(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s)) \
-  X(ModuleLoadData, "cuModuleLoadData", (CUmodule *m, const void *image)) \
-  X(ModuleUnload, "cuModuleUnload", (CUmodule m)) \
-  X(ModuleGetFunction, "cuModuleGetFunction", (CUfunction *f, CUmodule m, const char *name)) \
-  X(LaunchKernel, "cuLaunchKernel", \
-    (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem, \
-     CUstream s, void **params, void **extra))
-
-static struct {
-#define FIELD(f, sym, params) CUresult (*f) params;
-  DRIVER_API(FIELD)
-#undef FIELD
-  bool loaded;
-} cu;
-
-/* 0, or -1 with the reason in err. $OPTC_LIBCUDA names another driver
- * library, as for exec_cuda.c. */
-static int cu_load(char *err, size_t errlen) {
-  if (cu.loaded)
-    return 0;
-  const char *path = getenv("OPTC_LIBCUDA");
-  if (!path || !*path)
-    path = "libcuda.so.1";
-  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    snprintf(err, errlen, "no GPU: cannot open the CUDA driver %s (%s)", path, dlerror());
-    return -1;
-  }
-#define LOAD(f, sym, params) \
-  if (!(*(void **)&cu.f = dlsym(lib, sym))) { \
-    snprintf(err, errlen, "%s:%d: the CUDA driver %s has no %s", __FILE__, __LINE__, path, sym); \
-    dlclose(lib); \
-    return -1; \
-  }
-  DRIVER_API(LOAD)
-#undef LOAD
-  cu.loaded = true;
-  return 0;
-}
-
-static const char *cu_errstr(CUresult rc) {
-  const char *s = NULL;
-  if (!cu.GetErrorString || cu.GetErrorString(rc, &s) != CUDA_SUCCESS || !s)
-    s = "unknown CUDA error";
-  return s;
-}
 
 /* ---- the kernels: rank-order folds ---------------------------------------------------
  * out[i] = x_0[i] op ... op x_{N-1}[i], with x_me = own[i] and the other
@@ -217,9 +133,9 @@ static int nccl_fail(CollNccl *n, const char *file, int line, const char *call, 
   return -1;
 }
 
-#define CU_CHECK(n, fn, args) \
+#define COLL_CU(n, fn, args) \
   do { \
-    CUresult rc_ = cu.fn args; \
+    CUresult rc_ = cudrv.fn args; \
     if (rc_ != CUDA_SUCCESS) \
       return cu_fail(n, __FILE__, __LINE__, "cu" #fn, rc_); \
   } while (0)
@@ -250,7 +166,7 @@ static CUdeviceptr dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
 static int stream_wait(CollNccl *n) {
   double deadline = n->base.timeout > 0 ? now_seconds() + n->base.timeout : 0;
   for (;;) {
-    CUresult q = cu.StreamQuery(n->stream);
+    CUresult q = cudrv.StreamQuery(n->stream);
     if (q == CUDA_SUCCESS)
       return 0;
     if (q != CUDA_ERROR_NOT_READY)
@@ -284,11 +200,11 @@ static int stage_reserve(CollNccl *n, size_t bytes, size_t *slot) {
     if (n->stage) {
       if (stream_wait(n) != 0)
         return -1;
-      CU_CHECK(n, MemFree, (n->stage));
+      COLL_CU(n, MemFree, (n->stage));
       n->stage = 0;
       n->slot = 0;
     }
-    CU_CHECK(n, MemAlloc, (&n->stage, want * N));
+    COLL_CU(n, MemAlloc, (&n->stage, want * N));
     n->slot = want;
   }
   *slot = n->slot;
@@ -300,7 +216,7 @@ static int launch_fold(CollNccl *n, CollType t, CollRed op, CUdeviceptr out, CUd
   int nranks = n->base.size, me = n->base.rank;
   void *args[] = {&out, &own, &stage, &stride, &count, &nranks, &me};
   long long blocks = MIN((count + THREADS - 1) / THREADS, (long long)n->nsm * 8);
-  CU_CHECK(n, LaunchKernel, (n->fold[op][t], (unsigned)MAX(blocks, 1LL), 1, 1, THREADS, 1, 1, 0, n->stream, args, NULL));
+  COLL_CU(n, LaunchKernel, (n->fold[op][t], (unsigned)MAX(blocks, 1LL), 1, 1, THREADS, 1, 1, 0, n->stream, args, NULL));
   return 0;
 }
 
@@ -340,7 +256,7 @@ static int rs_own(CollNccl *n, const void *send, void *recv, CollType t, CollRed
 /* ---- the collectives ------------------------------------------------------------------- */
 static int use_context(CollNccl *n, const char *op) {
   n->op = op;
-  CU_CHECK(n, CtxSetCurrent, (n->ctx));
+  COLL_CU(n, CtxSetCurrent, (n->ctx));
   return 0;
 }
 
@@ -380,7 +296,7 @@ static int nccl_all_gather(Coll *c, const void *send, void *recv, int64_t count,
   }
   NCCL_CHECK(n, ncclGroupEnd());
   if (send != out + (size_t)r * bytes)
-    CU_CHECK(n, MemcpyDtoDAsync, (dptr(out) + (size_t)r * bytes, dptr(send), bytes, n->stream));
+    COLL_CU(n, MemcpyDtoDAsync, (dptr(out) + (size_t)r * bytes, dptr(send), bytes, n->stream));
   return stream_wait(n);
 }
 
@@ -455,11 +371,11 @@ static void *nccl_mem_alloc(Coll *c, size_t bytes) {
   CollNccl *n = as_nccl(c);
   CUdeviceptr p = 0;
   n->op = "mem_alloc";
-  CUresult rc = cu.CtxSetCurrent(n->ctx);
+  CUresult rc = cudrv.CtxSetCurrent(n->ctx);
   if (rc == CUDA_SUCCESS)
-    rc = cu.MemAlloc(&p, bytes ? bytes : 1);
-  if (rc == CUDA_SUCCESS && (rc = cu.MemsetD8(p, 0, bytes ? bytes : 1)) != CUDA_SUCCESS)
-    cu.MemFree(p);
+    rc = cudrv.MemAlloc(&p, bytes ? bytes : 1);
+  if (rc == CUDA_SUCCESS && (rc = cudrv.MemsetD8(p, 0, bytes ? bytes : 1)) != CUDA_SUCCESS)
+    cudrv.MemFree(p);
   if (rc != CUDA_SUCCESS) {
     error("%s:%d: cannot allocate %zu bytes on the GPU: %s (rank %d of %d)", __FILE__, __LINE__, bytes,
           cu_errstr(rc), c->rank, c->size);
@@ -470,7 +386,7 @@ static void *nccl_mem_alloc(Coll *c, size_t bytes) {
 
 static void nccl_mem_free(Coll *c, void *p) {
   CollNccl *n = as_nccl(c);
-  CUresult rc = cu.MemFree(dptr(p));
+  CUresult rc = cudrv.MemFree(dptr(p));
   if (rc != CUDA_SUCCESS)
     error("%s:%d: cuMemFree: %s (rank %d of %d)", __FILE__, __LINE__, cu_errstr(rc), n->base.rank, n->base.size);
 }
@@ -479,7 +395,7 @@ static int nccl_mem_put(Coll *c, void *dst, const void *src, size_t bytes) {
   CollNccl *n = as_nccl(c);
   if (use_context(n, "mem_put") != 0)
     return -1;
-  CU_CHECK(n, MemcpyHtoD, (dptr(dst), src, bytes));
+  COLL_CU(n, MemcpyHtoD, (dptr(dst), src, bytes));
   return 0;
 }
 
@@ -487,7 +403,7 @@ static int nccl_mem_get(Coll *c, void *dst, const void *src, size_t bytes) {
   CollNccl *n = as_nccl(c);
   if (use_context(n, "mem_get") != 0)
     return -1;
-  CU_CHECK(n, MemcpyDtoH, (dst, dptr(src), bytes));
+  COLL_CU(n, MemcpyDtoH, (dst, dptr(src), bytes));
   return 0;
 }
 
@@ -495,7 +411,7 @@ static int nccl_mem_get(Coll *c, void *dst, const void *src, size_t bytes) {
 static void nccl_free(Coll *c) {
   CollNccl *n = as_nccl(c);
   if (n->have_ctx)
-    cu.CtxSetCurrent(n->ctx);
+    cudrv.CtxSetCurrent(n->ctx);
   if (n->comm) {
     /* After a failure the peers may be gone: abort rather than wait. */
     ncclResult_t rc = n->failed ? ncclCommAbort(n->comm) : ncclCommDestroy(n->comm);
@@ -504,15 +420,15 @@ static void nccl_free(Coll *c) {
             c->size);
   }
   if (n->stage)
-    cu.MemFree(n->stage);
+    cudrv.MemFree(n->stage);
   if (n->flag)
-    cu.MemFree(n->flag);
+    cudrv.MemFree(n->flag);
   if (n->module)
-    cu.ModuleUnload(n->module);
+    cudrv.ModuleUnload(n->module);
   if (n->stream)
-    cu.StreamDestroy(n->stream);
+    cudrv.StreamDestroy(n->stream);
   if (n->have_ctx)
-    cu.DevicePrimaryCtxRelease(n->dev);
+    cudrv.DevicePrimaryCtxRelease(n->dev);
   /* MPI_Finalize waits for every rank: after a failure the process should
    * exit instead, and mpirun ends the job. */
   if (!n->failed)
@@ -540,16 +456,9 @@ static const CollImpl nccl_impl = {
 /* The arch to compile for: the device's own as a cubin when NVRTC knows it,
  * else PTX for the newest arch NVRTC knows, which the driver compiles. */
 static void pick_arch(int major, int minor, char *arch, size_t n, bool *ptx) {
-  int want = major * 10 + minor, best = 0, count = 0;
-  int *archs = NULL;
-  if (nvrtcGetNumSupportedArchs(&count) == NVRTC_SUCCESS && count > 0 && (archs = malloc(sizeof *archs * count)) &&
-      nvrtcGetSupportedArchs(archs) == NVRTC_SUCCESS)
-    for (int i = 0; i < count; i++)
-      if (archs[i] <= want)
-        best = MAX(best, archs[i]);
-  free(archs);
+  int want = major * 10 + minor, best = nvrtc_newest_arch(want);
   *ptx = best != want;
-  snprintf(arch, n, "%s_%d", *ptx ? "compute" : "sm", best ? best : want);
+  snprintf(arch, n, "%s_%d", *ptx ? "compute" : "sm", best > 0 ? best : want);
 }
 
 /* Compiles kernel_src for the device into n->module. 0, or -1 with the
@@ -594,7 +503,7 @@ static int compile_folds(CollNccl *n, int major, int minor, char *err, size_t er
     free(image);
     return -1;
   }
-  CUresult cr = cu.ModuleLoadData(&n->module, image);
+  CUresult cr = cudrv.ModuleLoadData(&n->module, image);
   free(image);
   if (cr != CUDA_SUCCESS) {
     snprintf(err, errlen, "%s:%d: cuModuleLoadData (%s): %s", __FILE__, __LINE__, arch, cu_errstr(cr));
@@ -602,7 +511,7 @@ static int compile_folds(CollNccl *n, int major, int minor, char *err, size_t er
   }
   for (int op = 0; op < 2; op++)
     for (int t = 0; t < COLL_NTYPES; t++)
-      if ((cr = cu.ModuleGetFunction(&n->fold[op][t], n->module, fold_names[op][t])) != CUDA_SUCCESS) {
+      if ((cr = cudrv.ModuleGetFunction(&n->fold[op][t], n->module, fold_names[op][t])) != CUDA_SUCCESS) {
         snprintf(err, errlen, "%s:%d: cuModuleGetFunction(%s): %s", __FILE__, __LINE__, fold_names[op][t],
                  cu_errstr(cr));
         return -1;
@@ -612,7 +521,7 @@ static int compile_folds(CollNccl *n, int major, int minor, char *err, size_t er
 
 #define INIT_CU(fn, args) \
   do { \
-    CUresult rc_ = cu.fn args; \
+    CUresult rc_ = cudrv.fn args; \
     if (rc_ != CUDA_SUCCESS) { \
       snprintf(err, errlen, "%s%s:%d: cu" #fn ": %s", rc_ == CUDA_ERROR_NO_DEVICE ? "no GPU: " : "", __FILE__, \
                __LINE__, cu_errstr(rc_)); \
@@ -662,8 +571,17 @@ Coll *coll_nccl(int *argc, char ***argv, int device, char *err, size_t errlen) {
    * whether any did before the collective ncclCommInitRank. */
   int ndev = 0, major = 0, minor = 0;
   err[0] = 0;
-  if (cu_load(err, errlen) != 0)
+  char why[256];
+  if (!cuda_driver_load(why, sizeof why)) {
+    snprintf(err, errlen, "no GPU: %s", why);
     goto local_fail;
+  }
+  if (!cudrv.StreamCreate || !cudrv.StreamDestroy || !cudrv.StreamQuery || !cudrv.MemcpyDtoDAsync ||
+      !cudrv.ModuleLoadData || !cudrv.DevicePrimaryCtxRelease) {
+    snprintf(err, errlen, "%s:%d: the CUDA driver lacks a stream, async copy or module entry point", __FILE__,
+             __LINE__);
+    goto local_fail;
+  }
   INIT_CU(Init, (0));
   INIT_CU(DeviceGetCount, (&ndev));
   if (ndev == 0) {

@@ -1,8 +1,7 @@
 /* exec_cuda.c: runs a compiled step on a GPU through the CUDA driver API.
  *
- * The driver is opened with dlopen("libcuda.so.1") (or $OPTC_LIBCUDA) the
- * first time it is needed, and never linked: an optc without a driver or a
- * device runs as before, and the GPU entry points say why in one line.
+ * The driver is compiler/cuda/driver.c's, dlopened: an optc without a driver
+ * or a device runs as before, and the GPU entry points say why in one line.
  * Device 0's primary context, the one the CUDA runtime (and so PyTorch)
  * uses, is made current on the calling thread by every entry point.
  *
@@ -15,230 +14,47 @@
  * (with grads_finite < 0, the optc_nonfinite kernel finds out first). */
 #include "gpu.h"
 
-#include <dlfcn.h>
+#include "driver.h"
+
 #include <math.h>
-#include <pthread.h>
 #include <string.h>
-
-/* ---- the driver API, declared here (no cuda.h needed to build) ------------------------ */
-
-typedef int CUresult;
-typedef int CUdevice;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUmod_st *CUmodule;
-typedef struct CUfunc_st *CUfunction;
-typedef struct CUstream_st *CUstream;
-typedef struct CUevent_st *CUevent;
-typedef unsigned long long CUdeviceptr;
-
-enum {
-  CUDA_SUCCESS = 0,
-  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
-  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
-  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
-  CU_JIT_ERROR_LOG_BUFFER = 5,
-  CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6,
-};
-
-/* X(field, symbol, return type, parameters): the versioned symbols are
- * the ones cuda.h's #defines pick (cuMemAlloc is cuMemAlloc_v2, ...). */
-#define DRIVER_API(X) \
-  X(Init, "cuInit", (unsigned flags)) \
-  X(DriverGetVersion, "cuDriverGetVersion", (int *v)) \
-  X(DeviceGetCount, "cuDeviceGetCount", (int *n)) \
-  X(DeviceGet, "cuDeviceGet", (CUdevice *d, int ordinal)) \
-  X(DeviceGetName, "cuDeviceGetName", (char *name, int len, CUdevice d)) \
-  X(DeviceGetAttribute, "cuDeviceGetAttribute", (int *v, int attr, CUdevice d)) \
-  X(DeviceTotalMem, "cuDeviceTotalMem_v2", (size_t *bytes, CUdevice d)) \
-  X(MemGetInfo, "cuMemGetInfo_v2", (size_t *free, size_t *total)) \
-  X(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext *c, CUdevice d)) \
-  X(CtxSetCurrent, "cuCtxSetCurrent", (CUcontext c)) \
-  X(CtxSynchronize, "cuCtxSynchronize", (void)) \
-  X(StreamSynchronize, "cuStreamSynchronize", (CUstream s)) \
-  X(ModuleLoadDataEx, "cuModuleLoadDataEx", (CUmodule *m, const void *image, unsigned n, int *opts, void **vals)) \
-  X(ModuleUnload, "cuModuleUnload", (CUmodule m)) \
-  X(ModuleGetFunction, "cuModuleGetFunction", (CUfunction *f, CUmodule m, const char *name)) \
-  X(MemAlloc, "cuMemAlloc_v2", (CUdeviceptr *p, size_t bytes)) \
-  X(MemFree, "cuMemFree_v2", (CUdeviceptr p)) \
-  X(MemAllocHost, "cuMemAllocHost_v2", (void **p, size_t bytes)) \
-  X(MemFreeHost, "cuMemFreeHost", (void *p)) \
-  X(MemcpyHtoD, "cuMemcpyHtoD_v2", (CUdeviceptr dst, const void *src, size_t bytes)) \
-  X(MemcpyDtoH, "cuMemcpyDtoH_v2", (void *dst, CUdeviceptr src, size_t bytes)) \
-  X(MemcpyDtoD, "cuMemcpyDtoD_v2", (CUdeviceptr dst, CUdeviceptr src, size_t bytes)) \
-  X(MemsetD8, "cuMemsetD8_v2", (CUdeviceptr p, unsigned char v, size_t n)) \
-  X(LaunchKernel, "cuLaunchKernel", \
-    (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem, \
-     CUstream s, void **params, void **extra)) \
-  X(EventCreate, "cuEventCreate", (CUevent *e, unsigned flags)) \
-  X(EventRecord, "cuEventRecord", (CUevent e, CUstream s)) \
-  X(EventSynchronize, "cuEventSynchronize", (CUevent e)) \
-  X(EventDestroy, "cuEventDestroy_v2", (CUevent e)) \
-  X(GetErrorName, "cuGetErrorName", (CUresult r, const char **s)) \
-  X(GetErrorString, "cuGetErrorString", (CUresult r, const char **s))
-
-typedef struct {
-#define FIELD(f, sym, params) CUresult (*f) params;
-  DRIVER_API(FIELD)
-#undef FIELD
-  CUresult (*EventElapsedTime)(float *ms, CUevent a, CUevent b); /* _v2 since 12.8, the plain one before */
-  void *lib;
-  CUdevice dev;
-  CUcontext ctx;
-  char why[256]; /* why there is no device, when there is none */
-  bool ok;
-} Driver;
-
-static Driver drv;
-static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
-
-static void driver_load(void) {
-  const char *path = getenv("OPTC_LIBCUDA");
-  if (!path || !*path)
-    path = "libcuda.so.1";
-  drv.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!drv.lib) {
-    snprintf(drv.why, sizeof drv.why, "no CUDA driver: cannot open %s (%s)", path, dlerror());
-    return;
-  }
-#define LOAD(f, sym, params) \
-  if (!(*(void **)&drv.f = dlsym(drv.lib, sym))) { \
-    snprintf(drv.why, sizeof drv.why, "the CUDA driver %s has no %s", path, sym); \
-    return; \
-  }
-  DRIVER_API(LOAD)
-#undef LOAD
-  *(void **)&drv.EventElapsedTime = dlsym(drv.lib, "cuEventElapsedTime_v2");
-  if (!drv.EventElapsedTime)
-    *(void **)&drv.EventElapsedTime = dlsym(drv.lib, "cuEventElapsedTime");
-  const char *name = NULL, *str = NULL;
-  CUresult r = drv.Init(0);
-  int n = 0;
-  if (r == CUDA_SUCCESS)
-    r = drv.DeviceGetCount(&n);
-  if (r != CUDA_SUCCESS) {
-    drv.GetErrorName(r, &name);
-    drv.GetErrorString(r, &str);
-    snprintf(drv.why, sizeof drv.why, "no CUDA device: cuInit: %s (%s)", name ? name : "?", str ? str : "?");
-    return;
-  }
-  if (n == 0) {
-    snprintf(drv.why, sizeof drv.why, "no CUDA device visible (the driver counts 0)");
-    return;
-  }
-  r = drv.DeviceGet(&drv.dev, 0);
-  if (r == CUDA_SUCCESS)
-    r = drv.DevicePrimaryCtxRetain(&drv.ctx, drv.dev);
-  if (r != CUDA_SUCCESS) {
-    drv.GetErrorName(r, &name);
-    snprintf(drv.why, sizeof drv.why, "CUDA device 0 has no context: %s", name ? name : "?");
-    return;
-  }
-  drv.ok = true;
-}
-
-/* The driver, with device 0's primary context current on this thread;
- * false (why printed) when there is none. */
-static bool driver(void) {
-  pthread_once(&drv_once, driver_load);
-  if (!drv.ok) {
-    error("%s", drv.why);
-    return false;
-  }
-  return drv.CtxSetCurrent(drv.ctx) == CUDA_SUCCESS;
-}
-
-/* Every driver call: on failure, file:line, the call, and the driver's
- * name and text for the error. */
-#define CU_CHECK(call) cu_check((call), #call, __FILE__, __LINE__)
-
-static bool cu_check(CUresult r, const char *call, const char *file, int line) {
-  if (r == CUDA_SUCCESS)
-    return true;
-  const char *name = NULL, *str = NULL;
-  drv.GetErrorName(r, &name);
-  drv.GetErrorString(r, &str);
-  diag_printf("%s:%d: CUDA error %d %s: %s: %s\n", file, line, r, name ? name : "?", str ? str : "?", call);
-  return false;
-}
-
-bool cuda_device_available(char *why, size_t n) {
-  pthread_once(&drv_once, driver_load);
-  if (why && n)
-    snprintf(why, n, "%s", drv.ok ? "a CUDA device is visible" : drv.why);
-  return drv.ok;
-}
-
-bool cuda_device_arch(char *arch, size_t n, char *why, size_t whyn) {
-  if (!cuda_device_available(why, whyn))
-    return false;
-  int major = 0, minor = 0;
-  if (drv.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, drv.dev) != CUDA_SUCCESS ||
-      drv.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, drv.dev) != CUDA_SUCCESS) {
-    snprintf(why, whyn, "cannot read device 0's compute capability");
-    return false;
-  }
-  snprintf(arch, n, "sm_%d%d", major, minor);
-  return true;
-}
-
-bool cuda_device_describe(char *out, size_t n) {
-  char why[256], arch[16];
-  if (!cuda_device_arch(arch, sizeof arch, why, sizeof why)) {
-    snprintf(out, n, "%s", why);
-    return false;
-  }
-  char name[128] = "?";
-  size_t mem = 0;
-  int version = 0, sms = 0;
-  drv.DeviceGetName(name, sizeof name, drv.dev);
-  drv.DeviceTotalMem(&mem, drv.dev);
-  drv.DriverGetVersion(&version);
-  drv.DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, drv.dev);
-  snprintf(out, n, "%s (%s, %d SMs, %.1f GiB), driver %d.%d", name, arch, sms, (double)mem / (1 << 30),
-           version / 1000, version % 1000 / 10);
-  return true;
-}
 
 /* ---- device memory ----------------------------------------------------------------------- */
 
-bool cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
-  return driver() && CU_CHECK(drv.MemGetInfo(free_bytes, total_bytes));
-}
-
 CudaPtr cuda_malloc(size_t bytes) {
   CUdeviceptr p = 0;
-  if (!driver() || !CU_CHECK(drv.MemAlloc(&p, bytes ? bytes : 1)))
+  if (!cuda_device0() || !CU_CHECK(cudrv.MemAlloc(&p, bytes ? bytes : 1)))
     return 0;
   return p;
 }
 
 void cuda_free(CudaPtr p) {
-  if (p && driver())
-    CU_CHECK(drv.MemFree(p));
+  if (p && cuda_device0())
+    CU_CHECK(cudrv.MemFree(p));
 }
 
 int cuda_memcpy_htod(CudaPtr dst, const void *src, size_t bytes) {
-  return driver() && (bytes == 0 || CU_CHECK(drv.MemcpyHtoD(dst, src, bytes))) ? 0 : -1;
+  return cuda_device0() && (bytes == 0 || CU_CHECK(cudrv.MemcpyHtoD(dst, src, bytes))) ? 0 : -1;
 }
 
 int cuda_memcpy_dtoh(void *dst, CudaPtr src, size_t bytes) {
-  return driver() && (bytes == 0 || CU_CHECK(drv.MemcpyDtoH(dst, src, bytes))) ? 0 : -1;
+  return cuda_device0() && (bytes == 0 || CU_CHECK(cudrv.MemcpyDtoH(dst, src, bytes))) ? 0 : -1;
 }
 
 double cuda_copy_ms(CudaPtr dst, CudaPtr src, size_t bytes, int reps) {
-  if (!driver() || !drv.EventElapsedTime)
+  if (!cuda_device0() || !cudrv.EventElapsedTime)
     return -1;
   CUevent a, b;
-  if (!CU_CHECK(drv.EventCreate(&a, 0)) || !CU_CHECK(drv.EventCreate(&b, 0)))
+  if (!CU_CHECK(cudrv.EventCreate(&a, 0)) || !CU_CHECK(cudrv.EventCreate(&b, 0)))
     return -1;
   float ms = -1;
-  bool ok = CU_CHECK(drv.MemcpyDtoD(dst, src, bytes)) && CU_CHECK(drv.EventRecord(a, NULL));
+  bool ok = CU_CHECK(cudrv.MemcpyDtoD(dst, src, bytes)) && CU_CHECK(cudrv.EventRecord(a, NULL));
   for (int i = 0; ok && i < reps; i++)
-    ok = CU_CHECK(drv.MemcpyDtoD(dst, src, bytes));
-  ok = ok && CU_CHECK(drv.EventRecord(b, NULL)) && CU_CHECK(drv.EventSynchronize(b)) &&
-       CU_CHECK(drv.EventElapsedTime(&ms, a, b));
-  drv.EventDestroy(a);
-  drv.EventDestroy(b);
+    ok = CU_CHECK(cudrv.MemcpyDtoD(dst, src, bytes));
+  ok = ok && CU_CHECK(cudrv.EventRecord(b, NULL)) && CU_CHECK(cudrv.EventSynchronize(b)) &&
+       CU_CHECK(cudrv.EventElapsedTime(&ms, a, b));
+  cudrv.EventDestroy(a);
+  cudrv.EventDestroy(b);
   return ok ? ms / reps : -1;
 }
 
@@ -275,7 +91,7 @@ static void free_bufs(CudaExec *x) {
   if (x->own_bufs)
     for (int b = 0; b < x->g->nbufs; b++)
       if (x->bufs[b])
-        CU_CHECK(drv.MemFree(x->bufs[b]));
+        CU_CHECK(cudrv.MemFree(x->bufs[b]));
   memset(x->bufs, 0, sizeof(CUdeviceptr) * (size_t)x->g->nbufs);
   x->own_bufs = x->have_bufs = false;
 }
@@ -283,17 +99,17 @@ static void free_bufs(CudaExec *x) {
 void cuda_exec_free(CudaExec *x) {
   if (!x)
     return;
-  if (drv.ok && drv.CtxSetCurrent(drv.ctx) == CUDA_SUCCESS) {
+  if (cudrv.ok && cudrv.CtxSetCurrent(cudrv.ctx) == CUDA_SUCCESS) {
     if (x->bufs)
       free_bufs(x);
     CUdeviceptr *d[] = {&x->d_bufs, &x->d_chunks, &x->d_step, &x->d_tvals, &x->d_partials};
     for (size_t i = 0; i < ARRAY_LEN(d); i++)
       if (*d[i])
-        CU_CHECK(drv.MemFree(*d[i]));
+        CU_CHECK(cudrv.MemFree(*d[i]));
     if (x->partials)
-      CU_CHECK(drv.MemFreeHost(x->partials));
+      CU_CHECK(cudrv.MemFreeHost(x->partials));
     if (x->mod)
-      CU_CHECK(drv.ModuleUnload(x->mod));
+      CU_CHECK(cudrv.ModuleUnload(x->mod));
   }
   free(x->fn);
   free(x->kernels);
@@ -305,7 +121,7 @@ void cuda_exec_free(CudaExec *x) {
   free(x);
 }
 
-static bool alloc(CUdeviceptr *p, size_t bytes) { return CU_CHECK(drv.MemAlloc(p, bytes ? bytes : 8)); }
+static bool alloc(CUdeviceptr *p, size_t bytes) { return CU_CHECK(cudrv.MemAlloc(p, bytes ? bytes : 8)); }
 
 CudaExec *cuda_exec_create(const CudaProgram *p, const Graph *g, const GroupLayout *l, char *err, size_t errn) {
   char why[256];
@@ -313,7 +129,7 @@ CudaExec *cuda_exec_create(const CudaProgram *p, const Graph *g, const GroupLayo
     snprintf(err, errn, "%s", why);
     return NULL;
   }
-  if (!driver()) {
+  if (!cuda_device0()) {
     snprintf(err, errn, "cannot make the CUDA context current");
     return NULL;
   }
@@ -349,13 +165,13 @@ CudaExec *cuda_exec_create(const CudaProgram *p, const Graph *g, const GroupLayo
     snprintf(err, errn, "the program has neither a cubin nor PTX");
     goto fail;
   }
-  if (!CU_CHECK(drv.ModuleLoadDataEx(&x->mod, image, 2, opts, vals))) {
+  if (!CU_CHECK(cudrv.ModuleLoadDataEx(&x->mod, image, 2, opts, vals))) {
     snprintf(err, errn, "cannot load the %s for %s%s%s", p->cubin_len ? "cubin" : "PTX", p->arch,
              *jit_log ? ": " : "", jit_log);
     goto fail;
   }
   for (int k = 0; k < p->nkernels; k++)
-    if (!CU_CHECK(drv.ModuleGetFunction(&x->fn[k], x->mod, p->kernels[k].name))) {
+    if (!CU_CHECK(cudrv.ModuleGetFunction(&x->fn[k], x->mod, p->kernels[k].name))) {
       snprintf(err, errn, "the module has no kernel %s", p->kernels[k].name);
       goto fail;
     }
@@ -366,9 +182,9 @@ CudaExec *cuda_exec_create(const CudaProgram *p, const Graph *g, const GroupLayo
             alloc(&x->d_chunks, sizeof(Chunk) * nchunks) && alloc(&x->d_step, sizeof(Scalar) * (size_t)(g->nins + 1)) &&
             alloc(&x->d_tvals, sizeof(Scalar) * ((size_t)l->ntensors + 1) * ((size_t)g->nins + 1)) &&
             alloc(&x->d_partials, sizeof(double) * (nchunks + 1) * (size_t)x->maxred) &&
-            CU_CHECK(drv.MemAllocHost((void **)&x->partials, sizeof(double) * (nchunks + 1) * (size_t)x->maxred));
+            CU_CHECK(cudrv.MemAllocHost((void **)&x->partials, sizeof(double) * (nchunks + 1) * (size_t)x->maxred));
   if (ok && nchunks)
-    ok = CU_CHECK(drv.MemcpyHtoD(x->d_chunks, l->chunks, sizeof(Chunk) * nchunks));
+    ok = CU_CHECK(cudrv.MemcpyHtoD(x->d_chunks, l->chunks, sizeof(Chunk) * nchunks));
   if (!ok) {
     snprintf(err, errn, "out of device memory for the chunk table of %lld chunks", (long long)l->nchunks);
     goto fail;
@@ -382,7 +198,7 @@ fail:
 /* The tensor table the kernels read, from x->table. */
 static bool upload_table(CudaExec *x) {
   size_t n = (size_t)x->l->ntensors * (size_t)x->g->nbufs;
-  return n == 0 || CU_CHECK(drv.MemcpyHtoD(x->d_bufs, x->table, sizeof(CUdeviceptr) * n));
+  return n == 0 || CU_CHECK(cudrv.MemcpyHtoD(x->d_bufs, x->table, sizeof(CUdeviceptr) * n));
 }
 
 /* The tensor table of the flat buffers x->bufs. */
@@ -404,7 +220,7 @@ static bool ensure_bufs(CudaExec *x) {
   x->own_bufs = x->have_bufs = true;
   for (int b = 0; b < g->nbufs; b++) {
     size_t bytes = (size_t)x->l->total * (size_t)type_size(g->bufs[b].type);
-    if (!alloc(&x->bufs[b], bytes) || !CU_CHECK(drv.MemsetD8(x->bufs[b], 0, bytes ? bytes : 8))) {
+    if (!alloc(&x->bufs[b], bytes) || !CU_CHECK(cudrv.MemsetD8(x->bufs[b], 0, bytes ? bytes : 8))) {
       error("out of device memory for @%s (%lld elements)", g->bufs[b].name, (long long)x->l->total);
       free_bufs(x);
       return false;
@@ -414,7 +230,7 @@ static bool ensure_bufs(CudaExec *x) {
 }
 
 int cuda_exec_bind(CudaExec *x, const CudaPtr *bufs) {
-  if (!driver())
+  if (!cuda_device0())
     return -1;
   free_bufs(x);
   for (int b = 0; b < x->g->nbufs; b++)
@@ -424,7 +240,7 @@ int cuda_exec_bind(CudaExec *x, const CudaPtr *bufs) {
 }
 
 int cuda_exec_bind_tensors(CudaExec *x, const CudaPtr *table) {
-  if (!driver())
+  if (!cuda_device0())
     return -1;
   free_bufs(x);
   x->have_bufs = true; /* the caller's, not flat: cuda_exec_upload has nothing to copy to */
@@ -435,15 +251,15 @@ int cuda_exec_bind_tensors(CudaExec *x, const CudaPtr *table) {
 void cuda_exec_set_stream(CudaExec *x, void *stream) { x->stream = (CUstream)stream; }
 
 CudaPtr cuda_exec_buffer(CudaExec *x, int b) {
-  return b >= 0 && b < x->g->nbufs && driver() && ensure_bufs(x) ? x->bufs[b] : 0;
+  return b >= 0 && b < x->g->nbufs && cuda_device0() && ensure_bufs(x) ? x->bufs[b] : 0;
 }
 
 static int copy_bufs(CudaExec *x, void *const *host, bool up) {
-  if (!driver() || !ensure_bufs(x))
+  if (!cuda_device0() || !ensure_bufs(x))
     return -1;
   for (int b = 0; b < x->g->nbufs; b++) {
     size_t bytes = (size_t)x->l->total * (size_t)type_size(x->g->bufs[b].type);
-    if (bytes && !CU_CHECK(up ? drv.MemcpyHtoD(x->bufs[b], host[b], bytes) : drv.MemcpyDtoH(host[b], x->bufs[b], bytes)))
+    if (bytes && !CU_CHECK(up ? cudrv.MemcpyHtoD(x->bufs[b], host[b], bytes) : cudrv.MemcpyDtoH(host[b], x->bufs[b], bytes)))
       return -1;
   }
   return 0;
@@ -467,8 +283,8 @@ static bool launch(CudaExec *x, int k) {
   const CudaKernel *kk = &x->kernels[k];
   int64_t n = x->l->nchunks;
   CUevent a = NULL, b = NULL;
-  if (x->profile && drv.EventElapsedTime) {
-    if (!CU_CHECK(drv.EventCreate(&a, 0)) || !CU_CHECK(drv.EventCreate(&b, 0)) || !CU_CHECK(drv.EventRecord(a, NULL)))
+  if (x->profile && cudrv.EventElapsedTime) {
+    if (!CU_CHECK(cudrv.EventCreate(&a, 0)) || !CU_CHECK(cudrv.EventCreate(&b, 0)) || !CU_CHECK(cudrv.EventRecord(a, NULL)))
       return false;
   }
   bool ok = true;
@@ -478,22 +294,22 @@ static bool launch(CudaExec *x, int k) {
     CUdeviceptr partials = x->d_partials + (CUdeviceptr)lo * (CUdeviceptr)MAX(kk->nred, 1) * sizeof(double);
     void *params[] = {&chunks, &count, &x->d_bufs, &x->d_step, &x->d_tvals, &partials};
     unsigned blocks = (unsigned)((count + kk->cpb - 1) / kk->cpb);
-    ok = CU_CHECK(drv.LaunchKernel(x->fn[k], blocks, 1, 1, (unsigned)kk->threads, 1, 1, 0, x->stream, params, NULL));
+    ok = CU_CHECK(cudrv.LaunchKernel(x->fn[k], blocks, 1, 1, (unsigned)kk->threads, 1, 1, 0, x->stream, params, NULL));
   }
   if (a) {
     float ms = 0;
-    ok = ok && CU_CHECK(drv.EventRecord(b, NULL)) && CU_CHECK(drv.EventSynchronize(b)) &&
-         CU_CHECK(drv.EventElapsedTime(&ms, a, b));
+    ok = ok && CU_CHECK(cudrv.EventRecord(b, NULL)) && CU_CHECK(cudrv.EventSynchronize(b)) &&
+         CU_CHECK(cudrv.EventElapsedTime(&ms, a, b));
     x->phase_ms[k] = ms;
-    drv.EventDestroy(a);
-    drv.EventDestroy(b);
+    cudrv.EventDestroy(a);
+    cudrv.EventDestroy(b);
   }
   return ok;
 }
 
 /* The host reads partials only after the stream's launches are done (a
  * copy on the default stream does not wait for a non-blocking one). */
-static bool sync_stream(CudaExec *x) { return !x->stream || CU_CHECK(drv.StreamSynchronize(x->stream)); }
+static bool sync_stream(CudaExec *x) { return !x->stream || CU_CHECK(cudrv.StreamSynchronize(x->stream)); }
 
 int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res) {
   const Graph *g = x->g;
@@ -501,14 +317,14 @@ int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res) {
   const Plan *p = g->plan;
   memset(res, 0, sizeof *res);
   memset(x->phase_ms, 0, sizeof(double) * (size_t)x->nkernels);
-  if (!driver() || !ensure_bufs(x))
+  if (!cuda_device0() || !ensure_bufs(x))
     return -1;
   size_t nchunks = (size_t)l->nchunks;
   bool ok = !args || args->propagate || args->grads_finite != 0;
   if (ok && (!args || (!args->propagate && args->grads_finite < 0)) && nchunks) {
     /* optc_nonfinite: one flag per chunk */
     if (!launch(x, p->nphases) || !sync_stream(x) ||
-        !CU_CHECK(drv.MemcpyDtoH(x->partials, x->d_partials, sizeof(double) * nchunks)))
+        !CU_CHECK(cudrv.MemcpyDtoH(x->partials, x->d_partials, sizeof(double) * nchunks)))
       return -1;
     for (size_t c = 0; c < nchunks; c++)
       ok &= x->partials[c] == 0;
@@ -517,9 +333,9 @@ int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res) {
   for (int k = 0; ok && k < p->nphases; k++) {
     const PlanPhase *ph = &p->phases[k];
     interp_eval_steps(g, ph->step_lo, ph->step_hi, args ? args->inputs : NULL, x->step);
-    if (!CU_CHECK(drv.MemcpyHtoD(x->d_step, x->step, sizeof(Scalar) * (size_t)g->nins)))
+    if (!CU_CHECK(cudrv.MemcpyHtoD(x->d_step, x->step, sizeof(Scalar) * (size_t)g->nins)))
       return -1;
-    if (tvals_dirty && l->ntensors && g->nins && !CU_CHECK(drv.MemcpyHtoD(x->d_tvals, x->tvals,
+    if (tvals_dirty && l->ntensors && g->nins && !CU_CHECK(cudrv.MemcpyHtoD(x->d_tvals, x->tvals,
                                                 sizeof(Scalar) * (size_t)l->ntensors * (size_t)g->nins)))
       return -1;
     tvals_dirty = false;
@@ -529,7 +345,7 @@ int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res) {
     if (!nred)
       continue;
     if (nchunks && (!sync_stream(x) ||
-                    !CU_CHECK(drv.MemcpyDtoH(x->partials, x->d_partials, sizeof(double) * nchunks * (size_t)nred))))
+                    !CU_CHECK(cudrv.MemcpyDtoH(x->partials, x->d_partials, sizeof(double) * nchunks * (size_t)nred))))
       return -1;
     /* exec_cpu.c's fold, line for line */
     for (int i = 0; i < nred; i++) {
@@ -560,5 +376,5 @@ int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res) {
     }
   }
   res->skipped = !ok;
-  return (x->stream ? sync_stream(x) : CU_CHECK(drv.CtxSynchronize())) ? 0 : -1;
+  return (x->stream ? sync_stream(x) : CU_CHECK(cudrv.CtxSynchronize())) ? 0 : -1;
 }
