@@ -24,6 +24,7 @@
  * 1 GiB of buffers by default so that no cache holds it. */
 #include "passes.h"
 #include "rt.h"
+#include "tools.h"
 #include "fused_ref.h"
 
 #include <jansson.h>
@@ -285,7 +286,7 @@ static void fill_range(void *ctx, int64_t lo, int64_t hi) {
 
 /* The model's tensor sizes (torchtune's layout, which its FSDP shards),
  * scaled to about n elements in all, each at least 1. */
-static int64_t *scaled_mix(const ModelConfig *m, int64_t n, int *count) {
+static int64_t *scaled_mix(const L4Config *m, int64_t n, int *count) {
   InvTensor *inv;
   int k = inventory_tensors(m, true, &inv);
   double total = 0;
@@ -558,7 +559,10 @@ int bench_optimizer(int argc, char **argv) {
   static const char default_recipe[] =
       "optimizer:\n  _component_: torch.optim.AdamW\n  lr: 2e-5\n  fused: False\ndtype: fp32\n"
       "model:\n  _component_: torchtune.models.llama4.llama4_scout_17b_16e\n";
-  Recipe *r = config ? recipe_load(config, ov, nov, arena) : recipe_from_text("<bench>", default_recipe, ov, nov, arena);
+  TrainConfig tc;
+  Recipe *r = config ? recipe_open(config, ov, nov, arena, &tc) : recipe_from_text("<bench>", default_recipe, ov, nov, arena);
+  if (r && !config && train_config_read(r, &tc) != 0)
+    r = NULL;
   if (!r) {
     arena_free(arena);
     return 1;
@@ -574,11 +578,7 @@ int bench_optimizer(int argc, char **argv) {
     arena_free(arena);
     return 1;
   }
-  ModelConfig model = r->model;
-  if (!r->has_model) { /* no model: Scout's mix */
-    Recipe *scout = recipe_from_text("<bench>", default_recipe, NULL, 0, arena);
-    model = scout->model;
-  }
+  L4Config model = tc.has_model ? tc.model : l4_config_scout(); /* no model: Scout's mix */
   int bytes_per_buffer_elem = 0;
   for (int b = 0; b < g->nbufs; b++)
     bytes_per_buffer_elem += type_size(g->bufs[b].type);

@@ -5,6 +5,7 @@
  * any run's loss at any step differs from the first run's. */
 #include "coll.h"
 #include "rt.h"
+#include "tools.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -108,13 +109,14 @@ int bench_step(int argc, char **argv) {
     for (int k = 0; k < 2 && rc == 0; k++) {
       ov[nov] = k == 0 ? "compile.optimizer_step=true" : "compile.optimizer_step=false";
       Arena *arena = arena_new();
-      Recipe *r = recipe_load(config, ov, nov + 1, arena);
+      TrainConfig tc;
+      Recipe *r = recipe_open(config, ov, nov + 1, arena, &tc);
       if (talk)
         fprintf(stderr, "\n== %s optimizer, run %d of %d\n", name[k], rep + 1, reps);
       TrainOptions to = {.steps = steps, .bench = true, .eval = rep == 0, .quiet = !talk};
       all[k][rep].losses = losses + (size_t)(2 * rep + k) * (size_t)steps;
       all[k][rep].max_losses = (int)steps;
-      if (!r || train_run(r, coll, &to, &all[k][rep]) != 0)
+      if (!r || train_run(&tc, coll, &to, &all[k][rep]) != 0)
         rc = 1;
       arena_free(arena);
     }

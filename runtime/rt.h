@@ -152,12 +152,10 @@ typedef struct {
   int64_t numel;
 } InvTensor;
 
-/* The model dims of a recipe as the model takes them. */
-L4Config inventory_l4_config(const ModelConfig *m);
 /* The model's parameter tensors: HF's layout (what optc's model holds and
  * its checkpoints name), or torchtune's (what torchtune's FSDP shards).
  * *out is malloc'd; returns the count. */
-int inventory_tensors(const ModelConfig *m, bool torchtune, InvTensor **out);
+int inventory_tensors(const L4Config *m, bool torchtune, InvTensor **out);
 
 /* ---- bench/bench.c: optc bench ------------------------------------------------------------ */
 int bench_optimizer(int argc, char **argv);
@@ -322,6 +320,27 @@ int launch_mpirun(int nproc, int argc, char **argv, int threads_per_rank);
  * ARGS being the launching command's own without its --nproc N. */
 int launch_ranks(int nproc, const char *cmd, const char *sub, int argc, char **argv, int threads_per_rank);
 
+/* ---- config.c: the training runtime's part of a recipe ------------------------------------------
+ * What a recipe says beside the optimizer spec (frontend.h's Recipe, which
+ * holds the document and the seed): the model, the batch, how long to
+ * train, torch.compile's flags. */
+typedef struct {
+  bool model, loss, optimizer_step, scale_grads; /* torchtune's compile: block */
+} CompileFlags;
+
+typedef struct {
+  Recipe *r; /* the recipe this was read from: the optimizer spec (frontend_build binds its inputs) */
+  long batch_size, gradient_accumulation_steps, epochs, max_steps_per_epoch, max_steps;
+  bool shuffle, fsdp_cpu_offload;
+  CompileFlags compile;
+  bool has_model;
+  L4Config model; /* the model block: its builder's preset with the keys it gives */
+} TrainConfig;
+
+/* Reads r's training keys (torchtune's defaults for those absent). 0, or
+ * -1 with an error at the key. */
+int train_config_read(Recipe *r, TrainConfig *out);
+
 /* ---- ckpt_config.c: a checkpoint directory before its tensors --------------------------------------
  * The recipe's checkpointer block (torchtune's FullModelHFCheckpointer) and
  * the model's config.json. */
@@ -351,22 +370,16 @@ void ckpt_strings_free(char **s, int n);
 /* huggingface_hub's parse_size_to_int ("5GB" = 5e9 bytes; TB GB MB KB),
  * or a number of bytes. */
 bool ckpt_parse_size(const char *s, int64_t *out);
-/* A config.json as optc's model takes it. */
-typedef struct {
-  L4Config c;
-  bool multimodal; /* Llama4ForConditionalGeneration: text_config nested, tensors under language_model. */
-  bool tie_word_embeddings;
-  long experts_per_token, moe_every_n_layers, max_position_embeddings;
-} HfConfig;
-
-/* Reads HF's Llama4TextConfig keys (under text_config when there is one),
- * with HF's defaults for absent ones. -1 with an error naming the key when
- * optc's model cannot be that model (dense layers, top-k > 1, ...). */
-int hf_config_read(const char *path, HfConfig *out);
+/* Reads HF's Llama4TextConfig keys (under text_config when there is one:
+ * Llama4ForConditionalGeneration, *multimodal set, tensors under
+ * language_model), with HF's defaults for absent ones. -1 with an error
+ * naming the key when optc's model cannot be that model (top-k > 1,
+ * tied embeddings, ...). */
+int hf_config_read(const char *path, L4Config *out, bool *multimodal);
 /* The model's dims: config.json's (config_path, NULL for none), where every
  * dim the recipe's model block gives must agree (an error at the key when
  * not), else the recipe's. */
-int ckpt_model_config(const Recipe *r, const char *config_path, L4Config *out, bool *multimodal);
+int ckpt_model_config(const TrainConfig *tc, const char *config_path, L4Config *out, bool *multimodal);
 /* A Llama4ForCausalLM config.json for c with weights in dtype; malloc'd. */
 char *hf_config_text(const L4Config *c, Type dtype, long max_positions);
 
@@ -467,7 +480,7 @@ typedef struct {
 } TrainResult;
 
 /* Trains on the ranks of coll (every rank calls it). 0, or -1 with an error printed. */
-int train_run(Recipe *r, Coll *coll, const TrainOptions *opt, TrainResult *out);
+int train_run(const TrainConfig *tc, Coll *coll, const TrainOptions *opt, TrainResult *out);
 
 /* What one rank of optc run holds, in bytes: its shards of the params,
  * the reduced grads and the optimizer states (fsdp_plan), the spans of the
@@ -486,5 +499,5 @@ typedef struct {
   int wide, narrow;             /* the spans: f32 and 16-bit, of span_bytes / 4 elements */
   double span_elems;
 } RankMemory;
-void rank_memory(const Recipe *r, const L4Config *c, const Graph *g, int world, int batch, int seq, int threads,
-                 bool overlap, RankMemory *m);
+void rank_memory(const TrainConfig *tc, const L4Config *c, const Graph *g, int world, int batch, int seq,
+                 int threads, bool overlap, RankMemory *m);

@@ -2,6 +2,7 @@
 #include "coll.h"
 #include "data.h"
 #include "rt.h"
+#include "tools.h"
 #include "frontend.h"
 #include "optc.h"
 #include "passes.h"
@@ -123,7 +124,7 @@ static bool is_override(const char *a) { return a[0] == '~' || (a[0] != '-' && s
  * as llama4/scout_17B_16E_full), an .optir file or a built-in. */
 static Graph *load_config(const char *config, const char *const *overrides, int nov, Arena *a) {
   if (recipe_is_config(config)) {
-    Recipe *r = recipe_load(config, overrides, nov, a);
+    Recipe *r = recipe_open(config, overrides, nov, a, NULL);
     if (r)
       recipe_note_unused(r);
     return r ? frontend_build(r) : NULL;
@@ -487,7 +488,7 @@ static int cmd_exec(int argc, char **argv) {
   Graph *g;
   Recipe *recipe = NULL;
   if (recipe_is_config(config)) {
-    recipe = recipe_load(config, overrides, nov, arena);
+    recipe = recipe_open(config, overrides, nov, arena, NULL);
     g = recipe ? frontend_build(recipe) : NULL;
     if (recipe)
       nonfinite = recipe->nonfinite;
@@ -732,10 +733,11 @@ static int cmd_run(int argc, char **argv) {
   if (!coll) {
     error("%s", why);
   } else {
-    Recipe *r = recipe_load(config, ov, nov, arena);
+    TrainConfig tc;
+    Recipe *r = recipe_open(config, ov, nov, arena, &tc);
     if (r && coll_rank(coll) == 0)
       recipe_note_unused(r);
-    if (r && train_run(r, coll, &(TrainOptions){.eval = true}, NULL) == 0)
+    if (r && train_run(&tc, coll, &(TrainOptions){.eval = true}, NULL) == 0)
       rc = 0;
   }
   coll_free(coll);
@@ -776,7 +778,7 @@ static int cmd_cat(int argc, char **argv) {
     return 2;
   }
   Arena *arena = arena_new();
-  Recipe *r = recipe_load(config, ov, nov, arena);
+  Recipe *r = recipe_open(config, ov, nov, arena, NULL);
   if (r) {
     recipe_note_unused(r);
     Buf b = {0};
@@ -833,7 +835,7 @@ static const char usage_data[] =
 /* The recipe's tokenizer, for tokenize and data. */
 static bool load_tokenizer(const char *config, const char *const *ov, int nov, Arena *arena, Recipe **rp,
                            Tokenizer *tok) {
-  Recipe *r = recipe_load(config, ov, nov, arena);
+  Recipe *r = recipe_open(config, ov, nov, arena, NULL);
   if (!r)
     return false;
   const YamlNode *tn = yaml_get(r->root, "tokenizer");

@@ -7,6 +7,7 @@
 #include "passes.h"
 #include "blas.h"
 #include "rt.h"
+#include "tools.h"
 #include "fused_ref.h"
 
 #include <cblas.h>
@@ -156,7 +157,7 @@ typedef struct {
  * global norm first. Three resources each work their items in order: the
  * compute, the network, the host's memory (the optimizer); a pipeline's
  * time is the busiest resource's total plus filling it and draining it. */
-static void unit_model(const InvTensor *tt, int ntt, const Recipe *r, const L4Config *c, const Graph *g, int nproc,
+static void unit_model(const InvTensor *tt, int ntt, const TrainConfig *tc, const L4Config *c, const Graph *g, int nproc,
                        int seq, double net_gbps, double gflops, double mem_gbps, Unit **out_units, UnitModel *m) {
   int max = c->num_layers + 3, n = 0;
   Unit *u = calloc((size_t)max, sizeof(Unit));
@@ -169,7 +170,8 @@ static void unit_model(const InvTensor *tt, int ntt, const Recipe *r, const L4Co
     /* a token multiplies by top-1 of the experts; the embedding is a lookup */
     x->active += embed ? 0 : expert ? (double)tt[i].numel / c->num_experts : (double)tt[i].numel;
   }
-  double tokens = (double)r->batch_size * seq;
+  const Recipe *r = tc->r;
+  double tokens = (double)tc->batch_size * seq;
   double ctx = MIN((double)seq, (double)c->attention_chunk_size) / 2; /* causal, chunked: the mean context */
   for (int i = 0; i < n; i++) {
     u[i].flops_f = 2 * tokens * u[i].active;
@@ -283,14 +285,15 @@ int cmd_plan(int argc, char **argv) {
   Arena *arena = arena_new();
   int rc = 1;
   double t0 = now_seconds();
-  Recipe *r = recipe_load(config, ov, nov, arena);
+  TrainConfig tc;
+  Recipe *r = recipe_open(config, ov, nov, arena, &tc);
   if (r)
     recipe_note_unused(r);
   Graph *g = r ? frontend_build(r) : NULL;
   double frontend_ms = (now_seconds() - t0) * 1e3;
   if (!g)
     goto out;
-  if (!r->has_model) {
+  if (!tc.has_model) {
     error("%s has no model section: nothing to plan", config);
     goto out;
   }
@@ -307,7 +310,7 @@ int cmd_plan(int argc, char **argv) {
     cpu_program_free(p);
   }
   InvTensor *tt, *hf;
-  int ntt = inventory_tensors(&r->model, true, &tt), nhf = inventory_tensors(&r->model, false, &hf);
+  int ntt = inventory_tensors(&tc.model, true, &tt), nhf = inventory_tensors(&tc.model, false, &hf);
   double params = 0;
   for (int i = 0; i < ntt; i++)
     params += (double)tt[i].numel;
@@ -328,8 +331,8 @@ int cmd_plan(int argc, char **argv) {
     }
   /* what optc run holds per rank, at the recipe's batch and the model's
    * sequence length (as train.c sizes it) */
-  L4Config cfg = inventory_l4_config(&r->model);
-  int seq = (int)MIN(r->model.max_seq_len, 2048);
+  L4Config cfg = tc.model;
+  int seq = (int)MIN(tc.model.max_seq_len, 2048);
   const YamlNode *tn = yaml_get(r->root, "tokenizer"), *ms = tn ? yaml_get(tn, "max_seq_len") : NULL;
   char *end = NULL;
   long tok_seq = ms && ms->kind == YAML_SCALAR ? strtol(ms->str, &end, 10) : 0;
@@ -341,7 +344,7 @@ int cmd_plan(int argc, char **argv) {
    * (auto: on several machines; on paper, one) */
   const YamlNode *fo = yaml_get(r->root, "fsdp_overlap");
   bool overlap = fo && fo->kind == YAML_SCALAR && (!strcmp(fo->str, "true") || !strcmp(fo->str, "True"));
-  rank_memory(r, &cfg, g, nproc, (int)r->batch_size, seq, threads, overlap, &run);
+  rank_memory(&tc, &cfg, g, nproc, (int)tc.batch_size, seq, threads, overlap, &run);
   double step_bytes = per_rank * g->plan->bytes_per_element;
   const char *bw_from = "--bandwidth";
   if (!bandwidth) {
@@ -367,9 +370,9 @@ int cmd_plan(int argc, char **argv) {
     gflops = measure_gflops(threads), gflops_from = "one sgemm per thread, measured now";
   Unit *units;
   UnitModel um;
-  unit_model(tt, ntt, r, &cfg, g, nproc, seq, net_gbps, gflops, bandwidth, &units, &um);
+  unit_model(tt, ntt, &tc, &cfg, g, nproc, seq, net_gbps, gflops, bandwidth, &units, &um);
   free(tt);
-  const char *where = r->fsdp_cpu_offload ? "host (fsdp_cpu_offload)" : "device";
+  const char *where = tc.fsdp_cpu_offload ? "host (fsdp_cpu_offload)" : "device";
   if (json) {
     json_t *o = json_pack(
         "{s:s, s:i, s:{s:i, s:i}, s:f, s:{s:f, s:f, s:f, s:f, s:s}, s:{s:i, s:f}, s:{s:f, s:s, s:f}, s:f}", "config",
@@ -383,7 +386,7 @@ int cmd_plan(int argc, char **argv) {
                                   "grads", run.grads, "optimizer_states", run.states, "unit_spans", run.spans,
                                   "spans_f32", run.wide, "spans_16bit", run.narrow, "span_elements", run.span_elems,
                                   "process", run.process, "activations", run.acts, "total", run.total, "batch_size",
-                                  (int)r->batch_size, "seq_len", seq, "threads", threads));
+                                  (int)tc.batch_size, "seq_len", seq, "threads", threads));
     json_t *ju = json_array();
     for (int i = 0; i < um.nunits; i++)
       json_array_append_new(ju, json_pack("{s:s, s:f, s:f, s:f}", "name", units[i].name, "params", units[i].params,
@@ -404,7 +407,7 @@ int cmd_plan(int argc, char **argv) {
   } else {
     const char *u1, *u2, *u3, *u4, *u5;
     printf("plan: %s on %d rank%s\n", config, nproc, nproc == 1 ? "" : "s");
-    printf("  model        %s\n", r->model.component);
+    printf("  model        %s\n", tc.model.component);
     printf("  tensors      %d (torchtune's layout; %d in HF's, whose experts fuse gate and up)\n", ntt, nhf);
     printf("  parameters   %.0f\n", params);
     printf("  optimizer    %s, params %s, grads %s, %d state%s of %s\n", r->component, type_names[r->param_dtype],
@@ -421,7 +424,7 @@ int cmd_plan(int argc, char **argv) {
     printf("  optc run     shards of params %.2f %s + grads %.2f %s + states %.2f %s, units in use %.2f %s (%d f32 "
            "and %d 16-bit spans of the largest unit, %.0f elements) + activations %.2f %s (batch %d x %d tokens, %d "
            "thread%s) + the process %.2f %s = %.2f %s per rank\n",
-           w1, v1, w2, v2, w3, v3, w4, v4, run.wide, run.narrow, run.span_elems, w6, v6, (int)r->batch_size, seq,
+           w1, v1, w2, v2, w3, v3, w4, v4, run.wide, run.narrow, run.span_elems, w6, v6, (int)tc.batch_size, seq,
            threads, threads == 1 ? "" : "s", w7, v7, w8, v8);
     double e = human(step_bytes, &u5);
     printf("  step traffic %d bytes/element in %d phase%s: %.2f %s per rank per step\n", g->plan->bytes_per_element,
@@ -452,7 +455,7 @@ int cmd_plan(int argc, char **argv) {
     double x4 = human(um.ag, &q4), x5 = human(um.rs, &q5), x6 = human(um.unit_max_params * type_size(r->param_dtype), &q6);
     printf("  per step     all-gather %.2f %s + reduce-scatter %.2f %s per rank; %.3g TFLOP per rank (batch %d x %d "
            "tokens); the largest unit gathered is %.2f %s\n",
-           x4, q4, x5, q5, um.flops / 1e12, (int)r->batch_size, seq, x6, q6);
+           x4, q4, x5, q5, um.flops / 1e12, (int)tc.batch_size, seq, x6, q6);
     printf("  step model   compute %.2f s forward + %.2f s backward, optimizer %.2f s; overlapped %.2f s (the backward "
            "bound by %s; %.2f s of the optimizer hidden), serial %.2f s\n",
            um.t_fwd, um.t_bwd, um.t_opt, um.t_step, um.bound, um.opt_hidden, um.t_serial);

@@ -6,33 +6,6 @@
 
 #include <string.h>
 
-L4Config inventory_l4_config(const ModelConfig *m) {
-  L4Config c = l4_config_scout();
-  c.vocab_size = (int)m->vocab_size;
-  c.num_layers = (int)m->num_layers;
-  c.num_heads = (int)m->num_heads;
-  c.num_kv_heads = (int)m->num_kv_heads;
-  c.embed_dim = (int)m->embed_dim;
-  c.head_dim = (int)m->head_dim;
-  c.hidden_dim = (int)m->hidden_dim;
-  c.shared_hidden_dim = (int)m->shared_hidden_dim;
-  c.num_experts = (int)m->num_experts;
-  c.moe_every_n_layers = (int)m->moe_every_n_layers;
-  c.mlp_hidden_dim = (int)m->mlp_hidden_dim;
-  c.skip_rope_interval = (int)m->skip_rope_interval;
-  c.use_qk_norm = m->use_qk_norm;
-  c.attention_chunk_size = (int)m->attention_chunk_size;
-  c.rope_base = m->rope_base;
-  /* torchtune's use_scaled_rope=False (Maverick) is plain RoPE whatever
-   * rope_scale_factor says; the model reads that as a factor <= 0 */
-  c.rope_scale_factor = m->use_scaled_rope ? m->rope_scale_factor : 0;
-  c.rope_low_freq_factor = m->rope_low_freq_factor;
-  c.rope_high_freq_factor = m->rope_high_freq_factor;
-  c.rope_old_context_len = (int)m->rope_old_context_len;
-  c.norm_eps = m->norm_eps;
-  return c;
-}
-
 static void add(InvTensor **out, int *n, int *cap, const char *name, int ndim, const int64_t *shape) {
   if (*n == *cap) {
     *cap = *cap ? 2 * *cap : 64;
@@ -50,22 +23,21 @@ static void add(InvTensor **out, int *n, int *cap, const char *name, int ndim, c
   }
 }
 
-int inventory_tensors(const ModelConfig *m, bool torchtune, InvTensor **out) {
+int inventory_tensors(const L4Config *m, bool torchtune, InvTensor **out) {
   *out = NULL;
   int n = 0, cap = 0;
   if (!torchtune) {
-    L4Config c = inventory_l4_config(m);
-    int count = l4_tensors(&c, NULL);
+    int count = l4_tensors(m, NULL);
     L4Tensor *ts = calloc((size_t)count, sizeof(L4Tensor));
     ASSERT(ts);
-    l4_tensors(&c, ts);
+    l4_tensors(m, ts);
     for (int i = 0; i < count; i++)
       add(out, &n, &cap, ts[i].name, ts[i].ndim, ts[i].shape);
     free(ts);
     return n;
   }
   int64_t D = m->embed_dim, V = m->vocab_size, E = m->num_experts, H = m->hidden_dim, Hs = m->shared_hidden_dim;
-  int64_t Hm = m->mlp_hidden_dim, q = m->num_heads * m->head_dim, kv = m->num_kv_heads * m->head_dim;
+  int64_t Hm = m->mlp_hidden_dim, q = (int64_t)m->num_heads * m->head_dim, kv = (int64_t)m->num_kv_heads * m->head_dim;
   char name[160];
   add(out, &n, &cap, "tok_embeddings.weight", 2, (int64_t[]){V, D});
   for (long l = 0; l < m->num_layers; l++) {

@@ -110,6 +110,8 @@ L4Config l4_config_scout(void) {
     .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 1.0, .rope_old_context_len = 8192,
     .norm_eps = 1e-5, .attn_temperature_tuning = 1, .attn_floor_scale = 8192.0,
     .attn_scale = 0.1,
+    .experts_per_token = 1, .use_shared_expert = 1, .tie_word_embeddings = 0,
+    .max_seq_len = 10485760, .component = "torchtune.models.llama4.llama4_scout_17b_16e",
   };
   return c;
 }
@@ -118,6 +120,7 @@ L4Config l4_config_maverick(void) {
   L4Config c = l4_config_scout();
   c.num_experts = 128, c.moe_every_n_layers = 2, c.mlp_hidden_dim = 16384;
   c.use_qk_norm = 0, c.rope_scale_factor = 0;
+  c.max_seq_len = 1048576, c.component = "torchtune.models.llama4.llama4_maverick_17b_128e";
   return c;
 }
 

@@ -33,6 +33,17 @@ typedef struct {
   double norm_eps;
   /* On NoPE layers q *= log1p(floor((pos + 1) / attn_floor_scale)) * attn_scale + 1. */
   int attn_temperature_tuning; double attn_floor_scale, attn_scale;
+  /* What the model is built with but does not vary: a recipe's model block
+   * (torchtune's builder) and a config.json may name them, and must give
+   * these values (the model's router is top-1, every MoE layer has a shared
+   * expert, lm_head is its own tensor). */
+  int experts_per_token;   /* 1 */
+  int use_shared_expert;   /* 1 */
+  int tie_word_embeddings; /* 0 */
+  /* torchtune's max_seq_len (HF's max_position_embeddings): the longest
+   * sequence the RoPE tables are meant for; the model itself takes any T. */
+  long max_seq_len;
+  const char *component;   /* the builder a recipe named (torchtune.models.llama4...), or NULL */
 } L4Config;
 
 typedef struct { char name[128]; int ndim; int64_t shape[3]; int64_t numel; } L4Tensor;

@@ -538,8 +538,8 @@ static int read_nope(const Cfg *c, long layers, L4Config *l) {
   return 0;
 }
 
-int hf_config_read(const char *path, HfConfig *out) {
-  memset(out, 0, sizeof *out);
+int hf_config_read(const char *path, L4Config *out, bool *multimodal) {
+  *multimodal = false;
   json_error_t je;
   json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
   if (!root) {
@@ -559,7 +559,7 @@ int hf_config_read(const char *path, HfConfig *out) {
   if (json_is_object(tc)) {
     /* Llama4ForConditionalGeneration: the decoder's config nested, its
      * tensors under language_model. */
-    out->multimodal = true;
+    *multimodal = true;
     c = (Cfg){path, tc, "text_config."};
   }
   const char *mt = cfg_str(&c, "model_type");
@@ -572,8 +572,10 @@ int hf_config_read(const char *path, HfConfig *out) {
     error("%s: %shidden_act is '%s'; Llama 4's SwiGLU uses silu", path, c.pre, act);
     goto out;
   }
-  L4Config *l = &out->c;
+  L4Config *l = out;
   *l = l4_config_scout();
+  l->component = NULL;
+  bool tie = false;
   long vocab, layers, heads, kv, hidden, head_dim, inter, inter_mlp, experts, topk, chunk, step, floor_scale, maxpos;
   bool has_kv, has_head_dim, has_chunk, qk, tune, bias = false;
   if (cfg_int(&c, "vocab_size", 202048, &vocab, NULL) || cfg_int(&c, "num_hidden_layers", 48, &layers, NULL) ||
@@ -588,7 +590,7 @@ int hf_config_read(const char *path, HfConfig *out) {
       cfg_int(&c, "max_position_embeddings", 131072, &maxpos, NULL) || cfg_num(&c, "rms_norm_eps", 1e-5, &l->norm_eps) ||
       cfg_num(&c, "attn_scale", 0.1, &l->attn_scale) || cfg_bool(&c, "use_qk_norm", true, &qk) ||
       cfg_bool(&c, "attn_temperature_tuning", true, &tune) ||
-      cfg_bool(&c, "tie_word_embeddings", false, &out->tie_word_embeddings) ||
+      cfg_bool(&c, "tie_word_embeddings", false, &tie) ||
       cfg_bool(&c, "attention_bias", false, &bias))
     goto out;
   /* an explicit null chunk size turns chunking off; absent is HF's 8192 */
@@ -694,10 +696,10 @@ int hf_config_read(const char *path, HfConfig *out) {
       }
     }
   }
-  out->experts_per_token = topk;
-  out->moe_every_n_layers = step;
-  out->max_position_embeddings = maxpos;
-  if (out->tie_word_embeddings) {
+  l->experts_per_token = (int)topk;
+  l->tie_word_embeddings = tie;
+  l->max_seq_len = maxpos;
+  if (tie) {
     error("%s: %stie_word_embeddings is true; optc's model keeps lm_head.weight apart from the embedding", path,
           c.pre);
     goto out;
@@ -749,18 +751,19 @@ static bool is_dim_key(const char *k) {
   return strcmp(k, "_component_") != 0 && strcmp(k, "max_seq_len") != 0 && strcmp(k, "attn_dropout") != 0;
 }
 
-int ckpt_model_config(const Recipe *r, const char *config_path, L4Config *out, bool *multimodal) {
+int ckpt_model_config(const TrainConfig *tc, const char *config_path, L4Config *out, bool *multimodal) {
   *multimodal = false;
-  L4Config rc = inventory_l4_config(&r->model);
+  const L4Config rc = tc->model;
   if (!config_path) {
     *out = rc;
     return 0;
   }
-  HfConfig hf;
-  if (hf_config_read(config_path, &hf) != 0)
+  L4Config hf;
+  bool hf_multimodal;
+  if (hf_config_read(config_path, &hf, &hf_multimodal) != 0)
     return -1;
-  *multimodal = hf.multimodal;
-  const YamlNode *m = yaml_get(r->root, "model");
+  *multimodal = hf_multimodal;
+  const YamlNode *m = yaml_get(tc->r->root, "model");
   int bad = 0;
   for (int i = 0; m && m->kind == YAML_MAP && i < m->n; i++) {
     const char *k = m->keys[i];
@@ -773,31 +776,31 @@ int ckpt_model_config(const Recipe *r, const char *config_path, L4Config *out, b
     char mine[64], theirs[64];
     bool same = true;
     if (d && d->kind == F_INT) {
-      int a = *(const int *)((const char *)&rc + d->off), b = *(const int *)((const char *)&hf.c + d->off);
+      int a = *(const int *)((const char *)&rc + d->off), b = *(const int *)((const char *)&hf + d->off);
       same = a == b;
       snprintf(mine, sizeof mine, "%d", a);
       snprintf(theirs, sizeof theirs, "%d", b);
     } else if (d) {
-      double a = *(const double *)((const char *)&rc + d->off), b = *(const double *)((const char *)&hf.c + d->off);
+      double a = *(const double *)((const char *)&rc + d->off), b = *(const double *)((const char *)&hf + d->off);
       same = a == b;
       fmt_double(mine, a, false);
       fmt_double(theirs, b, false);
-      if (strcmp(k, "rope_scale_factor") != 0 && strncmp(k, "rope_", 5) == 0 && hf.c.rope_scale_factor <= 0)
+      if (strcmp(k, "rope_scale_factor") != 0 && strncmp(k, "rope_", 5) == 0 && hf.rope_scale_factor <= 0)
         same = true; /* no scaling in config.json: the scaling keys are moot; the factor says it */
     } else if (strcmp(k, "experts_per_token") == 0) {
-      same = r->model.experts_per_token == hf.experts_per_token;
-      snprintf(mine, sizeof mine, "%ld", r->model.experts_per_token);
-      snprintf(theirs, sizeof theirs, "%ld", hf.experts_per_token);
+      same = rc.experts_per_token == hf.experts_per_token;
+      snprintf(mine, sizeof mine, "%d", rc.experts_per_token);
+      snprintf(theirs, sizeof theirs, "%d", hf.experts_per_token);
     } else if (strcmp(k, "use_scaled_rope") == 0) {
-      same = (rc.rope_scale_factor > 0) == (hf.c.rope_scale_factor > 0);
+      same = (rc.rope_scale_factor > 0) == (hf.rope_scale_factor > 0);
       snprintf(mine, sizeof mine, "%s", rc.rope_scale_factor > 0 ? "true" : "false");
-      snprintf(theirs, sizeof theirs, "%s", hf.c.rope_scale_factor > 0 ? "llama3 scaling" : "plain RoPE");
+      snprintf(theirs, sizeof theirs, "%s", hf.rope_scale_factor > 0 ? "llama3 scaling" : "plain RoPE");
     } else if (strcmp(k, "tie_word_embeddings") == 0) {
-      same = r->model.tie_word_embeddings == hf.tie_word_embeddings;
-      snprintf(mine, sizeof mine, "%s", r->model.tie_word_embeddings ? "true" : "false");
+      same = rc.tie_word_embeddings == hf.tie_word_embeddings;
+      snprintf(mine, sizeof mine, "%s", rc.tie_word_embeddings ? "true" : "false");
       snprintf(theirs, sizeof theirs, "%s", hf.tie_word_embeddings ? "true" : "false");
     } else if (strcmp(k, "use_shared_expert") == 0) {
-      same = r->model.use_shared_expert;
+      same = rc.use_shared_expert;
       snprintf(mine, sizeof mine, "false");
       snprintf(theirs, sizeof theirs, "a shared expert in every MoE layer");
     } else {
@@ -805,16 +808,16 @@ int ckpt_model_config(const Recipe *r, const char *config_path, L4Config *out, b
     }
     if (!same) {
       const char *hfname = d ? d->hf : k;
-      if (d && strcmp(k, "rope_scale_factor") == 0 && hf.c.rope_scale_factor <= 0)
+      if (d && strcmp(k, "rope_scale_factor") == 0 && hf.rope_scale_factor <= 0)
         snprintf(theirs, sizeof theirs, "none (plain RoPE)");
       error_at(m->key_pos[i], "model.%s is %s, but %s has %s%s = %s", k, mine, config_path,
-               hf.multimodal ? "text_config." : "", hfname, theirs);
+               hf_multimodal ? "text_config." : "", hfname, theirs);
       bad++;
     }
   }
   if (bad)
     return -1;
-  *out = hf.c;
+  *out = hf;
   return 0;
 }
 

@@ -34,7 +34,8 @@
 
 typedef struct {
   /* recipe */
-  Recipe *r;
+  Recipe *r;              /* the optimizer spec and the document */
+  const TrainConfig *tc;  /* the rest: model, batch, how long */
   const char *output_dir, *log_dir, *ckpt_dir;
   CkptConfig ck;      /* the checkpointer block; ckpt_dir is its output_dir */
   const char *hf_config; /* checkpoint_dir/config.json when there is one */
@@ -157,8 +158,9 @@ static bool reshard_after_forward(const Recipe *r, bool *ok) {
   return b;
 }
 
-void rank_memory(const Recipe *r, const L4Config *c, const Graph *g, int world, int batch, int seq, int threads,
-                 bool overlap, RankMemory *m) {
+void rank_memory(const TrainConfig *tc, const L4Config *c, const Graph *g, int world, int batch, int seq,
+                 int threads, bool overlap, RankMemory *m) {
+  const Recipe *r = tc->r;
   /* the shards as fsdp_init lays them out, in the model's units */
   int n = l4_tensors(c, NULL), nunits = l4_units(c, NULL);
   L4Tensor *tt = malloc(sizeof(L4Tensor) * (size_t)n);
@@ -184,7 +186,7 @@ void rank_memory(const Recipe *r, const L4Config *c, const Graph *g, int world, 
   /* the units in use: the spans fsdp_run.c's hooks hold at most at once */
   bool ok;
   FsdpRunOptions o = {.reshard_after_forward = reshard_after_forward(r, &ok), .training = true, .overlap = overlap};
-  fsdp_run_plan_spans(&o, r->param_dtype, r->grad_dtype, world, nunits, (int)r->gradient_accumulation_steps,
+  fsdp_run_plan_spans(&o, r->param_dtype, r->grad_dtype, world, nunits, (int)tc->gradient_accumulation_steps,
                       &m->wide, &m->narrow);
   m->span_elems = (double)most + 1;
   m->spans = m->span_elems * (4.0 * m->wide + 2.0 * m->narrow);
@@ -200,9 +202,10 @@ void rank_memory(const Recipe *r, const L4Config *c, const Graph *g, int world, 
  * has available per rank. */
 static int check_memory(Trainer *t, int batch, int seq) {
   const Recipe *r = t->r;
+  const TrainConfig *tc = t->tc;
   RankMemory m;
   bool ok;
-  rank_memory(r, &t->cfg, t->g, t->world, batch, seq, MAX(1, pool_default_threads() / t->world),
+  rank_memory(tc, &t->cfg, t->g, t->world, batch, seq, MAX(1, pool_default_threads() / t->world),
               fsdp_overlap(r, t->coll, &ok), &m);
   if (!ok)
     return -1;
@@ -222,10 +225,10 @@ static int check_memory(Trainer *t, int batch, int seq) {
     double machine = mem_available();
     int threads = pool_default_threads(), need = 0;
     RankMemory x, most; /* most: on very many ranks, where the shards are nearly nothing */
-    rank_memory(r, &t->cfg, t->g, 4096, batch, seq, threads, fsdp_overlap(r, t->coll, &ok), &most);
+    rank_memory(tc, &t->cfg, t->g, 4096, batch, seq, threads, fsdp_overlap(r, t->coll, &ok), &most);
     double floor = most.spans + most.acts + most.process;
     for (int n = t->world; n <= 4096 && !need && most.total <= machine; n = n < 64 ? n + 1 : n * 2) {
-      rank_memory(r, &t->cfg, t->g, n, batch, seq, threads, fsdp_overlap(r, t->coll, &ok), &x);
+      rank_memory(tc, &t->cfg, t->g, n, batch, seq, threads, fsdp_overlap(r, t->coll, &ok), &x);
       if (x.total <= machine)
         need = n;
     }
@@ -422,7 +425,7 @@ static int save_checkpoint(Trainer *t) {
   if (rc == 0 && t->hf_config) {
     rc = ckpt_copy_files(t->ck.checkpoint_dir, tmp);
   } else if (rc == 0) {
-    char *text = hf_config_text(&t->cfg, pt, t->r->model.max_seq_len);
+    char *text = hf_config_text(&t->cfg, pt, t->tc->model.max_seq_len);
     snprintf(path, sizeof path, "%s/config.json", tmp);
     rc = file_write_atomic(path, text, strlen(text));
     free(text);
@@ -651,7 +654,7 @@ static int setup_checkpointer(Trainer *t) {
       }
     }
   }
-  return ckpt_model_config(r, t->hf_config, &t->cfg, &t->multimodal);
+  return ckpt_model_config(t->tc, t->hf_config, &t->cfg, &t->multimodal);
 }
 
 /* ---- evaluation -------------------------------------------------------------------------------- */
@@ -748,8 +751,9 @@ static void init_params(Trainer *t, uint64_t seed) {
 
 static int setup(Trainer *t) {
   Recipe *r = t->r;
+  const TrainConfig *tc = t->tc;
   YamlNode *root = r->root;
-  if (!r->has_model) {
+  if (!tc->has_model) {
     error("%s: the recipe has no model section", r->path);
     return -1;
   }
@@ -779,8 +783,8 @@ static int setup(Trainer *t) {
       return -1;
     t->eval_every = l;
   }
-  t->compiled = r->compile.optimizer_step;
-  t->max_steps = r->max_steps;
+  t->compiled = tc->compile.optimizer_step;
+  t->max_steps = tc->max_steps;
   if (!t->output_dir || setup_checkpointer(t) != 0)
     return -1;
 
@@ -799,8 +803,8 @@ static int setup(Trainer *t) {
           r->path);
     return -1;
   }
-  int seq = (int)MIN(r->model.max_seq_len, 2048);
-  if (check_memory(t, (int)r->batch_size, seq) != 0)
+  int seq = (int)MIN(tc->model.max_seq_len, 2048);
+  if (check_memory(t, (int)tc->batch_size, seq) != 0)
     return -1;
   if (!tokenizer_from_config(tn, &t->tok))
     return -1;
@@ -813,31 +817,31 @@ static int setup(Trainer *t) {
   t->data = dataset_from_config(yaml_get(root, "dataset"), &t->tok, seq);
   if (!t->data)
     return -1;
-  LoaderOptions lo = {(int)r->batch_size, r->shuffle, (uint64_t)r->seed, t->rank, t->world, true};
+  LoaderOptions lo = {(int)tc->batch_size, tc->shuffle, (uint64_t)r->seed, t->rank, t->world, true};
   t->train = dataloader_create(t->data, SPLIT_TRAIN, &lo);
   if (!t->train)
     return -1;
   if (dataset_num_samples(t->data, SPLIT_HELDOUT) > 0) {
-    LoaderOptions eo = {(int)r->batch_size, false, 0, t->rank, t->world, false};
+    LoaderOptions eo = {(int)tc->batch_size, false, 0, t->rank, t->world, false};
     t->heldout = dataloader_create(t->data, SPLIT_HELDOUT, &eo);
   }
   long batches = dataloader_num_batches(t->train);
-  t->steps_per_epoch = batches / r->gradient_accumulation_steps;
-  if (r->max_steps_per_epoch > 0)
-    t->steps_per_epoch = MIN(t->steps_per_epoch, r->max_steps_per_epoch);
+  t->steps_per_epoch = batches / tc->gradient_accumulation_steps;
+  if (tc->max_steps_per_epoch > 0)
+    t->steps_per_epoch = MIN(t->steps_per_epoch, tc->max_steps_per_epoch);
   if (t->steps_per_epoch < 1) {
     error("%s: one step needs %ld micro-batches of %ld on each of %d ranks; the dataset has %d training rows", r->path,
-          r->gradient_accumulation_steps, r->batch_size, t->world, dataset_num_samples(t->data, SPLIT_TRAIN));
+          tc->gradient_accumulation_steps, tc->batch_size, t->world, dataset_num_samples(t->data, SPLIT_TRAIN));
     return -1;
   }
   /* torchtune: num_training_steps = epochs * steps_per_epoch; max_steps only stops early */
-  t->total_steps = r->epochs * t->steps_per_epoch;
+  t->total_steps = tc->epochs * t->steps_per_epoch;
   if (sched_from_recipe(r, t->total_steps, &t->sched) != 0)
     return -1;
 
   /* the model, its parameters in one sharded group */
   char why[512];
-  t->model = l4_create(&t->cfg, (int)r->batch_size, seq, why, sizeof why);
+  t->model = l4_create(&t->cfg, (int)tc->batch_size, seq, why, sizeof why);
   if (!t->model) {
     error("%s: %s", r->path, why);
     return -1;
@@ -978,10 +982,11 @@ typedef struct {
 
 static int train_step(Trainer *t, StepLog *log) {
   const Recipe *r = t->r;
+  const TrainConfig *tc = t->tc;
   double t0 = now_seconds();
   FsdpRunStats s0 = fsdp_run_stats(t->run);
   double sums[2] = {0, 0}, counted = 0; /* loss, tokens; tokens counted before the runs */
-  for (long a = 0; a < r->gradient_accumulation_steps; a++) {
+  for (long a = 0; a < tc->gradient_accumulation_steps; a++) {
     L4Batch b;
     if (dataloader_next(t->train, &b) != 1 && dataloader_next(t->train, &b) != 1) {
       error("the training loader gave no batch");
@@ -989,14 +994,14 @@ static int train_step(Trainer *t, StepLog *log) {
     }
     int64_t n;
     counted += batch_tokens(&b);
-    if ((t->in_bwd || t->norm_in_bwd) && a + 1 == r->gradient_accumulation_steps) {
+    if ((t->in_bwd || t->norm_in_bwd) && a + 1 == tc->gradient_accumulation_steps) {
       /* the units are stepped (or normed) in this backward: the step's inputs first */
       double all = counted;
       if (coll_all_reduce_sum(t->coll, &all, 1, COLL_F64) != 0)
         return -1;
       step_inputs(t, all, &log->lr);
     }
-    fsdp_run_micro(t->run, (int)a, (int)r->gradient_accumulation_steps);
+    fsdp_run_micro(t->run, (int)a, (int)tc->gradient_accumulation_steps);
     sums[0] += l4_run(t->model, fsdp_run_params(t->run), fsdp_run_grads(t->run), &b, &n);
     sums[1] += (double)n;
     if (fsdp_run_failed(t->run))
@@ -1054,8 +1059,9 @@ static void progress(const Trainer *t, const StepLog *log, long last) {
   fflush(stderr);
 }
 
-int train_run(Recipe *r, Coll *coll, const TrainOptions *opt, TrainResult *out) {
-  Trainer t = {.r = r, .coll = coll, .rank = coll_rank(coll), .world = coll_size(coll)};
+int train_run(const TrainConfig *tc, Coll *coll, const TrainOptions *opt, TrainResult *out) {
+  Recipe *r = tc->r;
+  Trainer t = {.r = r, .tc = tc, .coll = coll, .rank = coll_rank(coll), .world = coll_size(coll)};
   t.options_only = opt && opt->bench;
   int rc = -1;
   FILE *metrics = NULL;
@@ -1076,7 +1082,7 @@ int train_run(Recipe *r, Coll *coll, const TrainOptions *opt, TrainResult *out) 
             t.compiled ? "compiled" : "eager");
     fprintf(stderr, "  %s\n", blas_describe(pool_size(t.pool)));
     fprintf(stderr, "  data: %s\n  %ld steps of %ld micro-batches x %ld rows x %d ranks; %ld steps per epoch\n", d.data,
-            last - t.step, r->gradient_accumulation_steps, r->batch_size, t.world, t.steps_per_epoch);
+            last - t.step, tc->gradient_accumulation_steps, tc->batch_size, t.world, t.steps_per_epoch);
     buf_free(&d);
   }
   if (t.rank == 0 && !t.options_only) {

@@ -58,7 +58,7 @@ for g in builtins numerics_h; do # kept when unchanged, so that its object is to
 done
 
 # ---- optc, instrumented for coverage ----------------------------------------------
-srcs="base/base.c compiler/ir.c compiler/print.c compiler/parse.c compiler/verify.c base/yaml.c
+srcs="base/base.c compiler/ir.c compiler/print.c compiler/parse.c compiler/verify.c base/yamltree.c
   compiler/frontend.c compiler/pipeline.c compiler/passes/dce.c compiler/passes/canonicalize.c
   compiler/passes/cse.c compiler/passes/hoist.c compiler/passes/drop_grad_writeback.c
   compiler/passes/partition.c compiler/layout.c compiler/interp.c compiler/lower.c compiler/cache.c

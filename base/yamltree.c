@@ -1,6 +1,6 @@
-/* yaml.c: libyaml's document, copied into a tree that keeps source positions,
+/* yamltree.c: libyaml's document, copied into a tree that keeps source positions,
  * and typed reads that report mistakes at the value's line and column. */
-#include "frontend.h"
+#include "yamltree.h"
 
 #include <errno.h>
 #include <math.h>
@@ -478,4 +478,83 @@ void yaml_print(Buf *b, const YamlNode *n) {
     print_scalar(b, n);
     buf_puts(b, "\n");
   }
+}
+
+/* ---- key tables ------------------------------------------------------------------ */
+
+static const char *kind_desc(KeyKind k) {
+  switch (k) {
+  case K_STR: return "a string";
+  case K_INT: return "an integer";
+  case K_INT_OR_NULL: return "an integer or null";
+  case K_NUM_OR_NULL: return "a number or null";
+  case K_BOOL: return "true or false";
+  case K_MAP: return "a mapping";
+  case K_MAP_OR_NULL: return "a mapping or null";
+  case K_SEQ: return "a list";
+  case K_BOOL_OR_MAP: return "true, false or a mapping";
+  case K_MAP_OR_SEQ: return "a mapping or a list";
+  case K_ANY: return "anything";
+  }
+  return "?";
+}
+
+/* An integer as the key check takes it: its spelling, even past a long, so
+ * that where the key is read its range is what the message names. */
+static bool is_int(const YamlNode *n, const char *key) {
+  long l;
+  const char *d = n->kind == YAML_SCALAR && n->plain ? n->str + (n->str[0] == '-' || n->str[0] == '+') : "";
+  return (*d && strspn(d, "0123456789") == strlen(d)) || yaml_int(n, key, &l);
+}
+
+bool yaml_check_kind(const YamlNode *n, const char *key, KeyKind k) {
+  double d;
+  bool b;
+  switch (k) {
+  case K_ANY: return true;
+  case K_STR: return yaml_string(n, key, &(const char *){0});
+  case K_INT: return is_int(n, key);
+  case K_INT_OR_NULL: return yaml_is_null(n) || is_int(n, key);
+  case K_NUM_OR_NULL: return yaml_is_null(n) || yaml_double(n, key, &d);
+  case K_BOOL: return yaml_bool(n, key, &b);
+  case K_MAP:
+  case K_MAP_OR_NULL:
+  case K_SEQ:
+  case K_BOOL_OR_MAP:
+  case K_MAP_OR_SEQ: {
+    bool ok = (n->kind == YAML_MAP && k != K_SEQ) || (n->kind == YAML_SEQ && (k == K_SEQ || k == K_MAP_OR_SEQ)) ||
+              (n->kind == YAML_NULL && k == K_MAP_OR_NULL);
+    if (k == K_BOOL_OR_MAP && n->kind == YAML_SCALAR)
+      return yaml_bool(n, key, &b);
+    if (!ok)
+      error_at(n->pos, "%s: expected %s", key, kind_desc(k));
+    return ok;
+  }
+  }
+  return false;
+}
+
+static void list_keys(Buf *b, const KeySpec *keys, int n) {
+  for (int i = 0; i < n; i++)
+    buf_printf(b, "%s%s", i ? ", " : "", keys[i].key);
+}
+
+bool yaml_check_keys(const YamlNode *map, const KeySpec *keys, int nkeys, const char *where) {
+  for (int i = 0; i < map->n; i++) {
+    int k = 0;
+    while (k < nkeys && strcmp(keys[k].key, map->keys[i]) != 0)
+      k++;
+    char path[256];
+    snprintf(path, sizeof path, "%s%s%s", where, *where ? "." : "", map->keys[i]);
+    if (k == nkeys) {
+      Buf b = {0};
+      list_keys(&b, keys, nkeys);
+      error_at(map->key_pos[i], "unknown key '%s'; expected one of: %s", path, b.data);
+      buf_free(&b);
+      return false;
+    }
+    if (!yaml_check_kind(map->items[i], path, keys[k].kind))
+      return false;
+  }
+  return true;
 }
