@@ -536,7 +536,7 @@ static bool add_alpaca_sample(SampleSink *sk, const char *instruction, const cha
 
 /* Whether path can be read; else an error at the recipe key that names it
  * (file_read's own error has no position). hfdata.c uses it too. */
-static bool can_open(const char *path, SrcPos at, const char *what) {
+bool data_can_open(const char *path, SrcPos at, const char *what) {
   FILE *f = fopen(path, "rb");
   if (!f) {
     error_at(at, "%s: cannot open '%s': %s", what, path, strerror(errno));
@@ -548,7 +548,7 @@ static bool can_open(const char *path, SrcPos at, const char *what) {
 
 /* encode(file, bos, eos), in windows of L tokens with their next tokens. */
 static bool load_text_file(SampleSink *sk, const char *path, SrcPos at, const char *what) {
-  if (!can_open(path, at, what))
+  if (!data_can_open(path, at, what))
     return false;
   size_t len;
   char *text = file_read(path, &len);
@@ -1490,10 +1490,3 @@ const int *dataloader_last_rows(const DataLoader *dl, int *n) {
   *n = dl->nlast;
   return dl->rows;
 }
-
-
-/* hfdata.c (load_dataset) and parquet.c (the Parquet reader) are layers of
- * their own; until meson.build's core_src lists them they are compiled as
- * part of this file. */
-#include "hfdata.c"
-#include "parquet.c"

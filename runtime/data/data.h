@@ -169,6 +169,9 @@ int split_parse(const char *spec, SplitSpec *out, int max, char *why, size_t why
 /* The rows [*from, *to) of a split of n rows that s selects (empty when
  * from >= to); -1 with the message in why (pct1_dropremainder under 100 rows). */
 int split_absolute(const SplitSpec *s, int64_t n, int64_t *from, int64_t *to, char *why, size_t whylen);
+/* (data.c) Whether path can be read; else an error at the recipe key that
+ * names it, at (file_read's own has no position). */
+bool data_can_open(const char *path, SrcPos at, const char *what);
 
 /* ---- data.c: datasets ----------------------------------------------------------
  * A dataset is two lists of rows fixed when it is built: the training split

@@ -491,7 +491,7 @@ static bool load_json_array(JsonCtx *c, int fi, size_t start) {
 }
 
 static bool load_json_file(HfTable *t, const char *path, SrcPos at, const char *what, bool skip_bad, int *bad) {
-  if (!can_open(path, at, what))
+  if (!data_can_open(path, at, what))
     return false;
   size_t len;
   char *text = file_read(path, &len);
@@ -509,7 +509,7 @@ static bool load_json_file(HfTable *t, const char *path, SrcPos at, const char *
  * binary, an encoding or codec optc lacks, text that is not UTF-8 or holds
  * a NUL) is listed with why, and is an error only if the dataset reads it. */
 static bool load_parquet_file(HfTable *t, const char *path, SrcPos at, const char *what) {
-  if (!can_open(path, at, what))
+  if (!data_can_open(path, at, what))
     return false;
   ParquetFile *f = parquet_open(path);
   if (!f)

@@ -62,10 +62,10 @@ srcs="base/base.c compiler/ir.c compiler/print.c compiler/parse.c compiler/verif
   compiler/frontend.c compiler/pipeline.c compiler/passes/dce.c compiler/passes/canonicalize.c
   compiler/passes/cse.c compiler/passes/hoist.c compiler/passes/drop_grad_writeback.c
   compiler/passes/partition.c compiler/layout.c compiler/interp.c compiler/lower.c compiler/cache.c
-  compiler/cpu/emit_llvm.c compiler/cpu/jit.c compiler/cuda/emit_cuda.c compiler/cuda/nvrtc.c
+  compiler/cpu/emit_llvm.c compiler/cpu/jit.c compiler/cuda/emit_cuda.c compiler/cuda/nvrtc.c compiler/cuda/driver.c
   runtime/exec/exec_cpu.c runtime/exec/exec_cuda.c runtime/io/safetensors.c runtime/group/group.c
-  runtime/model/inventory.c runtime/train/sched.c runtime/dist/fsdp.c runtime/dist/launch.c runtime/data/data.c
-  runtime/train/train.c runtime/io/ckpt.c runtime/train/ckpt_config.c runtime/model/llama4.c runtime/model/blas.c
+  runtime/model/inventory.c runtime/train/sched.c runtime/dist/fsdp.c runtime/dist/launch.c runtime/data/data.c runtime/data/hfdata.c runtime/data/parquet.c
+  runtime/train/train.c runtime/train/config.c runtime/io/ckpt.c runtime/train/ckpt_config.c runtime/model/llama4.c runtime/model/blas.c
   runtime/data/tokenizer.c runtime/exec/eager.c runtime/dist/coll_local.c runtime/dist/coll_mpi_none.c
   runtime/dist/coll_nccl_none.c api/optc.c"
 objs=()
