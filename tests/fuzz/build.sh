@@ -44,8 +44,7 @@ llvm_cflags=$($LLVM_CONFIG --cflags)
 libs="$($LLVM_CONFIG --ldflags --libs) $(pkg-config --libs yaml-0.1 jansson libpcre2-8) -lopenblas -ldl -lm -lpthread"
 
 # ---- generated sources, as meson.build makes them ---------------------------------
-python3 "$root/compiler/gen_builtins.py" "$out/gen/builtins.c.new" \
-  "$root"/recipes/optimizers/*.optir "$root"/recipes/configs/llama4/*.yaml
+python3 "$root/compiler/gen_builtins.py" optimizers "$out/gen/builtins.c.new" "$root"/recipes/optimizers/*.optir
 python3 - "$root/compiler/numerics.h" "$root/compiler/numerics_mkl.h" "$out/gen/numerics_h.c.new" <<'PY'
 import json, sys
 t = open(sys.argv[1]).read(); m = open(sys.argv[2]).read()
