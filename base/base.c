@@ -1,4 +1,4 @@
-/* base.c: arenas, buffers, diagnostics and files. */
+/* base.c: element types, arenas, buffers, diagnostics, files and small helpers. */
 #include "base.h"
 
 #include <errno.h>
@@ -9,6 +9,25 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+/* ---- element types ------------------------------------------------------------ */
+
+const char *const type_names[NUM_TYPES] = {"void", "bool", "i32", "i64", "f16", "bf16", "f32", "f64"};
+
+int type_size(Type t) {
+  static const int size[NUM_TYPES] = {0, 1, 4, 8, 2, 2, 4, 8};
+  return size[t];
+}
+
+bool type_is_float(Type t) { return t == TY_F16 || t == TY_BF16 || t == TY_F32 || t == TY_F64; }
+bool type_is_int(Type t) { return t == TY_I32 || t == TY_I64; }
+
+bool type_from_name(const char *s, size_t n, Type *out) {
+  for (int t = TY_BOOL; t < NUM_TYPES; t++)
+    if (strlen(type_names[t]) == n && memcmp(type_names[t], s, n) == 0)
+      return *out = (Type)t, true;
+  return false;
+}
 
 /* ---- arenas --------------------------------------------------------------- */
 
@@ -348,4 +367,36 @@ void fmt_double(char *out, double x, bool as_f32) {
   /* Make sure a float never reads back as an integer literal. */
   if (!strpbrk(out, ".eni"))
     strcat(out, ".0");
+}
+
+/* ---- small helpers --------------------------------------------------------------------------- */
+
+char *xstrdup(const char *s) {
+  char *p = strdup(s ? s : "");
+  ASSERT(p);
+  return p;
+}
+
+bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+void mkdir_p(const char *dir) {
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s", dir);
+  for (char *p = tmp + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      mkdir(tmp, 0755);
+      *p = '/';
+    }
+  mkdir(tmp, 0755);
+}
+
+uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
+  const unsigned char *s = p;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ s[i]) * 1099511628211ull;
+  return h;
 }

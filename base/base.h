@@ -1,5 +1,6 @@
 /* base.h: the layer everything else stands on. Arenas, growable byte
- * buffers, positioned diagnostics, and whole-file I/O with atomic writes. */
+ * buffers, positioned diagnostics, whole-file I/O with atomic writes, the
+ * element types that the IR and tensor files share, and small helpers. */
 #pragma once
 #include <stdarg.h>
 #include <stdbool.h>
@@ -24,6 +25,18 @@
 #else
 #define PRINTF(f, a)
 #endif
+
+/* ---- base.c: element types ------------------------------------------------
+ * What one element of a buffer or a tensor is: the IR's value types and the
+ * dtypes of the tensors a file holds. */
+typedef enum { TY_VOID, TY_BOOL, TY_I32, TY_I64, TY_F16, TY_BF16, TY_F32, TY_F64, NUM_TYPES } Type;
+
+extern const char *const type_names[NUM_TYPES];
+int type_size(Type t); /* bytes per element; 0 for void */
+bool type_is_float(Type t);
+bool type_is_int(Type t);
+/* The type named s[0..n) (f32, bf16, i64, ...; not void). */
+bool type_from_name(const char *s, size_t n, Type *out);
 
 /* ---- base.c: arenas ------------------------------------------------------
  * Memory that lives as long as one compile. Everything allocated from an
@@ -96,3 +109,16 @@ double now_seconds(void);
 /* Shortest decimal text that reads back as exactly x (as a double, or as a
  * float when as_f32). Writes at most 32 bytes into out. */
 void fmt_double(char *out, double x, bool as_f32);
+
+/* ---- base.c: small helpers ---------------------------------------------------------------- */
+/* strdup for bookkeeping (names, paths), which is small next to the data:
+ * running out of memory there aborts, as the arenas do. NULL gives "". */
+char *xstrdup(const char *s);
+bool ends_with(const char *s, const char *suffix);
+/* Makes dir and the directories above it (mkdir -p); any already there are
+ * fine, and a failure shows when dir is used. */
+void mkdir_p(const char *dir);
+/* FNV-1a over n bytes, from h: FNV1A_BASIS to start a hash, or a previous
+ * result to go on with it. */
+#define FNV1A_BASIS 0xcbf29ce484222325ull
+uint64_t fnv1a(const void *p, size_t n, uint64_t h);

@@ -67,11 +67,6 @@ static const BuiltinOptimizer *find_builtin(const char *name) {
   return NULL;
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), m = strlen(suffix);
-  return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
 /* Loads an .optir body: a built-in by name, or a file by path. */
 static Graph *load_body(const char *name, Arena *a) {
   SrcFile *src = arena_alloc(a, sizeof(SrcFile));

@@ -155,12 +155,6 @@ static LLVMModuleRef build(const Graph *g, LLVMContextRef c, LLVMTargetMachineRe
   return m;
 }
 
-static uint64_t fnv1a64(const char *s, uint64_t h) {
-  for (; *s; s++)
-    h = (h ^ (unsigned char)*s) * 1099511628211ull;
-  return h;
-}
-
 /* The cache key: everything the object depends on. The module the emitter
  * made (before O3) is part of it, as a 128-bit hash of its text: a build of
  * optc whose emitter changed, with the same version, must not take the old
@@ -168,7 +162,8 @@ static uint64_t fnv1a64(const char *s, uint64_t h) {
 static char *cache_key(const Graph *g, const Target *t, LLVMModuleRef m) {
   Buf k = {0};
   char *text = LLVMPrintModuleToString(m);
-  uint64_t h0 = fnv1a64(text, 14695981039346656037ull), h1 = fnv1a64(text, 0x9e3779b97f4a7c15ull);
+  size_t tn = strlen(text);
+  uint64_t h0 = fnv1a(text, tn, FNV1A_BASIS), h1 = fnv1a(text, tn, 0x9e3779b97f4a7c15ull);
   LLVMDisposeMessage(text);
   buf_printf(&k, "optc %s cpu-object llvm %s\ntriple %s\ncpu %s\nfeatures %s\nmodule %016llx%016llx\n",
              OPTC_VERSION, LLVM_VERSION_STRING, t->triple, t->cpu, t->features, (unsigned long long)h0,

@@ -679,20 +679,11 @@ static void syn_one(uint64_t *st, Buf *ins, Buf *in, Buf *out) {
   }
 }
 
-static uint64_t fnv1a(const char *a, const char *b) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const char *s = a; *s; s++)
-    h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-  h = (h ^ 0x1f) * 0x100000001b3ull;
-  for (const char *s = b; *s; s++)
-    h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-  return h;
-}
-
-static char *xstrdup(const char *s) {
-  char *p = strdup(s ? s : "");
-  ASSERT(p);
-  return p;
+/* FNV-1a over a, a unit separator, then b. */
+static uint64_t hash_pair(const char *a, const char *b) {
+  uint64_t h = fnv1a(a, strlen(a), FNV1A_BASIS);
+  h = fnv1a("\x1f", 1, h);
+  return fnv1a(b, strlen(b), h);
 }
 
 /* n samples with distinct (instruction, input), in generation order. NULL
@@ -715,7 +706,7 @@ static SynSample *syn_generate(int n, uint64_t seed) {
     buf_reserve(&ins, 0), buf_reserve(&in, 0), buf_reserve(&out, 0);
     ins.data[0] = in.data[0] = out.data[0] = 0;
     syn_one(&st, &ins, &in, &out);
-    uint64_t h = fnv1a(ins.data, in.data);
+    uint64_t h = hash_pair(ins.data, in.data);
     int slot = (int)(h & (uint64_t)(cap - 1));
     bool dup = false;
     while (table[slot]) {

@@ -578,11 +578,6 @@ static bool load_parquet_file(HfTable *t, const char *path, SrcPos at, const cha
 
 typedef enum { FMT_JSON, FMT_PARQUET } FileFormat;
 
-static bool has_suffix(const char *s, const char *suf) {
-  size_t n = strlen(s), m = strlen(suf);
-  return n >= m && strcmp(s + n - m, suf) == 0;
-}
-
 /* A list of paths (malloc'd strings). */
 typedef struct {
   char **v;
@@ -846,7 +841,7 @@ static bool infer_splits(const char *dir, const char *desc, SrcPos at, const cha
     bool ignored = false;
     for (size_t k = 0; k < ARRAY_LEN(ignored_files); k++)
       ignored |= !strcmp(base, ignored_files[k]);
-    if (!ignored && (best == 0 ? has_suffix(base, ".parquet") : has_suffix(base, ".json") || has_suffix(base, ".jsonl")))
+    if (!ignored && (best == 0 ? ends_with(base, ".parquet") : ends_with(base, ".json") || ends_with(base, ".jsonl")))
       paths_add(&data, all.v[i]);
   }
   paths_free(&all);
@@ -1018,7 +1013,7 @@ static bool load_files(HfTable *t, const Paths *files, FileFormat fmt, SrcPos at
   for (int i = 0; i < files->n; i++) {
     const char *p = files->v[i];
     FileFormat f = fmt;
-    if (has_suffix(p, ".parquet"))
+    if (ends_with(p, ".parquet"))
       f = FMT_PARQUET; /* datasets' json builder would fail on one; read it for what it is */
     if (!(f == FMT_PARQUET ? load_parquet_file(t, p, at, what) : load_json_file(t, p, at, what, skip_bad, bad)))
       return false;
@@ -1070,7 +1065,7 @@ bool hf_load(const YamlNode *node, const char *where, const char *default_source
                where);
       goto done;
     }
-    m.fmt = has_suffix(source, ".parquet") ? FMT_PARQUET : FMT_JSON;
+    m.fmt = ends_with(source, ".parquet") ? FMT_PARQUET : FMT_JSON;
     paths_add(&split_get(&m, "train")->files, source);
   } else if (stat(source, &st) == 0 && S_ISDIR(st.st_mode)) {
     snprintf(desc, sizeof desc, "the directory '%s'", source);
@@ -1078,8 +1073,8 @@ bool hf_load(const YamlNode *node, const char *where, const char *default_source
       goto done;
     if (df)
       m.fmt = FMT_JSON;
-  } else if (looks_like_repo(source) && !has_suffix(source, ".json") && !has_suffix(source, ".jsonl") &&
-             !has_suffix(source, ".parquet")) {
+  } else if (looks_like_repo(source) && !ends_with(source, ".json") && !ends_with(source, ".jsonl") &&
+             !ends_with(source, ".parquet")) {
     if (!hub_snapshot(source, at, what, &dir))
       goto done;
     snprintf(desc, sizeof desc, "the hub cache's '%s' (%s)", source, dir.data);

@@ -15,11 +15,6 @@ bool backend_from_name(const char *s, Backend *out) {
   return false;
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), m = strlen(suffix);
-  return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
 /* A 64-byte aligned, zeroed buffer for n elements of type t. */
 static void *flat_alloc(int64_t n, Type t) {
   size_t bytes = ((size_t)n * (size_t)type_size(t) + 63) / 64 * 64;

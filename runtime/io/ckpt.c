@@ -32,17 +32,6 @@
 
 #define INDEX_NAME "model.safetensors.index.json"
 
-static char *xstrdup(const char *s) {
-  char *p = strdup(s);
-  ASSERT(p);
-  return p;
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), m = strlen(suffix);
-  return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* "[2, 3]" */

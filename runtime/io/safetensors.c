@@ -111,14 +111,6 @@ static PRINTF(3, 4) void st_error(const char *path, const char *tensor, const ch
   buf_free(&b);
 }
 
-/* Bookkeeping (names, the tensor array) is small next to the tensors, so
- * running out of memory there is treated like base.c treats it: abort. */
-static char *xstrdup(const char *s) {
-  char *p = strdup(s);
-  ASSERT(p);
-  return p;
-}
-
 static void grow(void **p, int *cap, int n, size_t elt) {
   if (n <= *cap)
     return;

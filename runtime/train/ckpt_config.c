@@ -11,12 +11,6 @@
 #include <math.h>
 #include <string.h>
 
-static char *xstrdup(const char *s) {
-  char *p = strdup(s);
-  ASSERT(p);
-  return p;
-}
-
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 void ckpt_strings_free(char **s, int n) {

@@ -83,18 +83,6 @@ static const char *str_at(const YamlNode *map, const char *key, const char *what
   return yaml_string(v, what, &s) ? s : NULL;
 }
 
-static void mkdir_p(const char *dir) {
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s", dir);
-  for (char *p = tmp + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      mkdir(tmp, 0755);
-      *p = '/';
-    }
-  mkdir(tmp, 0755);
-}
-
 /* ---- memory: fail fast when the recipe cannot fit ------------------------------------- */
 
 /* The bytes a /proc file gives for `KEY: N kB` (0 when it has none). */
