@@ -23,7 +23,7 @@
  * recipe's model (Scout's by default), scaled to --params elements, at least
  * 1 GiB of buffers by default so that no cache holds it. */
 #include "passes.h"
-#include "rt.h"
+#include "bench.h"
 #include "tools.h"
 #include "fused_ref.h"
 

@@ -15,9 +15,9 @@
  * ceiling a streaming step can reach. --threads, --red-threads,
  * --red-lanes and --min-blocks set the emitter's launch shape
  * (CudaTarget), to compare shapes on one device (bench/gpu_shapes.sh). */
-#include "gpu.h"
+#include "exec.h"
 #include "passes.h"
-#include "rt.h"
+#include "group.h"
 
 #include <math.h>
 #include <string.h>

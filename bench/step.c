@@ -3,8 +3,7 @@
  * side by side, the loss curve's start and end, and where the time of a
  * step goes (forward and backward, collectives, optimizer). It fails when
  * any run's loss at any step differs from the first run's. */
-#include "coll.h"
-#include "rt.h"
+#include "bench.h"
 #include "tools.h"
 
 #include <jansson.h>

@@ -4,7 +4,7 @@
  * Header-only; a test includes it once. */
 #pragma once
 #include "passes.h"
-#include "rt.h"
+#include "group.h"
 
 #include <math.h>
 #include <stdio.h>

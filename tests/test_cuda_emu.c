@@ -25,7 +25,7 @@
  *   over moved-back base pointers), non-finite grads (skipped as the
  *   interpreter skips), and the text: the same program emits the same
  *   bytes twice. */
-#include "gpu.h"
+#include "exec.h"
 #include "steplib.h"
 
 #include <math.h>

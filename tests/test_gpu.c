@@ -18,7 +18,7 @@
  *   index 3 * 2^30, element 5 * 2^30 of its tensor), and, where the
  *   device has the memory, for real: a 2^31 + 12411-element group whose
  *   chunks across 2^31 are stepped and checked. */
-#include "gpu.h"
+#include "exec.h"
 #include "steplib.h"
 
 #include <math.h>

@@ -17,7 +17,7 @@
  * - The disk cache: a second compile is a hit, with the same cubin; a
  *   truncated entry is a miss and is rebuilt.
  * - The Scout recipe's kernels, with their registers, are printed. */
-#include "gpu.h"
+#include "exec.h"
 #include "steplib.h"
 
 #include <string.h>

@@ -33,7 +33,7 @@
  * do not compute the same thing, and why. Each is reported as XFAIL; one
  * that agrees after all is a failure (XPASS), so the list stays true. */
 #include "passes.h"
-#include "rt.h"
+#include "group.h"
 #include "ref_optim.h"
 
 #include <math.h>

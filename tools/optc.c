@@ -1,8 +1,8 @@
 /* optc.c: the command line. */
-#include "coll.h"
-#include "data.h"
-#include "rt.h"
 #include "tools.h"
+
+#include "bench.h"
+#include "data.h"
 #include "frontend.h"
 #include "optc.h"
 #include "passes.h"

@@ -6,8 +6,8 @@
  * memory bandwidth, and the measured compile time of the step. */
 #include "passes.h"
 #include "blas.h"
-#include "rt.h"
 #include "tools.h"
+
 #include "fused_ref.h"
 
 #include <cblas.h>

@@ -3,7 +3,7 @@
  * command line, and optc plan. */
 #pragma once
 #include "frontend.h"
-#include "rt.h"
+#include "train.h"
 
 /* ---- configs.c (generated from recipes/configs): by torchtune's --config name */
 typedef struct {

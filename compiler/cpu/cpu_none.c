@@ -1,6 +1,6 @@
 /* cpu_none.c: the CPU backend in a build without LLVM. Every entry point
  * says so; nothing else changes. */
-#include "codegen.h"
+#include "cpu.h"
 
 bool cpu_backend_available(void) { return false; }
 int cpu_compile_count(void) { return 0; }

@@ -1,7 +1,7 @@
 /* llvm_emit.h: between the two files of the CPU backend (emit_llvm.c builds
  * the module, jit.c optimizes, caches and links it). */
 #pragma once
-#include "codegen.h"
+#include "cpu.h"
 
 #include <llvm-c/Core.h>
 

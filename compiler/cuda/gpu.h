@@ -1,10 +1,10 @@
-/* cuda.h: the GPU backend. The phase plan becomes CUDA C (emit_cuda.c),
+/* gpu.h: the GPU backend. The phase plan becomes CUDA C (emit_cuda.c), and
  * NVRTC compiles it into a cubin, or PTX where it cannot make a cubin for
- * the arch (nvrtc.c), and the CUDA driver API, opened with dlopen at run
- * time, runs it over a parameter group held in device memory
- * (exec_cuda.c). Nothing here links against libcuda: an optc built with
- * NVRTC runs everywhere, and says so in one line where there is no driver
- * or no device.
+ * the arch (nvrtc.c). The CUDA driver API, opened with dlopen at run time
+ * (driver.h), runs it over a parameter group held in device memory
+ * (runtime/exec/exec_cuda.c). Nothing here links against libcuda: an optc
+ * built with NVRTC runs everywhere, and says so in one line where there is
+ * no driver or no device.
  *
  * The kernels keep the CPU backend's contract (codegen.h's PhaseFn): phase
  * k is `optc_phaseK(chunks, nchunks, bufs, step, tvals, partials)` over
@@ -15,7 +15,6 @@
  * interpreter's bits. */
 #pragma once
 #include "codegen.h"
-#include "driver.h"
 
 /* ---- emit_cuda.c: the plan as CUDA C ------------------------------------------------ */
 typedef struct {
@@ -89,55 +88,3 @@ int nvrtc_newest_arch(int want);
 int cuda_emit_source(const Graph *g, const CudaTarget *t, Buf *out);
 int cuda_emit_ptx(const Graph *g, const CudaTarget *t, Buf *out);
 int cuda_emit_cubin(const Graph *g, const CudaTarget *t, Buf *out);
-
-/* ---- exec_cuda.c: running a program on a device --------------------------------------
- * The driver is libcuda.so.1 (or $OPTC_LIBCUDA), opened with dlopen on first
- * use; device 0's primary context (the one the CUDA runtime and PyTorch
- * use) is made current on the calling thread. */
-typedef uint64_t CudaPtr; /* a device address (CUdeviceptr) */
-typedef struct CudaExec CudaExec;
-
-/* An executor for program p over graph g's group laid out as l (both must
- * outlive it): it loads the module and uploads the chunk table. Its flat
- * buffers (one per graph buffer, l->total elements, zeroed) are allocated
- * when first needed, unless cuda_exec_bind gives it the caller's. NULL
- * with the reason in err on failure. cuda_exec_free frees all of it. */
-CudaExec *cuda_exec_create(const CudaProgram *p, const Graph *g, const GroupLayout *l, char *err, size_t errn);
-/* Host flat buffers (l->total elements each, in g's buffer order) to the
- * device and back. 0, or -1 with an error printed. */
-int cuda_exec_upload(CudaExec *x, void *const *bufs);
-int cuda_exec_download(CudaExec *x, void *const *bufs);
-/* Runs on the caller's device buffers instead of its own (PyTorch tensors'
- * data_ptr(), or base addresses moved back for an index test): bufs[b] is
- * the flat buffer of graph buffer b, and stays the caller's to free. The
- * executor's own buffers are freed. */
-int cuda_exec_bind(CudaExec *x, const CudaPtr *bufs);
-/* Runs on the caller's tensors, each its own allocation: table[t * nbufs +
- * b] is tensor t's element 0 of graph buffer b (layout_tensor_bufs' order).
- * The executor's own buffers are freed. */
-int cuda_exec_bind_tensors(CudaExec *x, const CudaPtr *table);
-/* Launches go on this CUstream (NULL: the default stream), and a step
- * waits for it before it reads reductions back and before it returns. */
-void cuda_exec_set_stream(CudaExec *x, void *stream);
-CudaPtr cuda_exec_buffer(CudaExec *x, int b); /* 0 (error printed) if none */
-/* One step, as cpu_step: the step values computed on the host with the
- * interpreter's arithmetic, one launch per phase over every chunk, the
- * partials folded on the host in chunk order. Returns after the device is
- * done. 0, or -1 with an error printed. */
-int cuda_step(CudaExec *x, const StepArgs *args, StepResult *res);
-/* With profiling on, each launch is timed with events; the sum of the last
- * step's kernels is cuda_exec_kernel_ms. */
-void cuda_exec_profile(CudaExec *x, bool on);
-double cuda_exec_kernel_ms(const CudaExec *x);
-/* ... and of kernel k alone (phase k, or nphases: optc_nonfinite); 0 if it did not run */
-double cuda_exec_phase_ms(const CudaExec *x, int k);
-void cuda_exec_free(CudaExec *x);
-
-/* Device memory for tests and benchmarks. 0 (error printed) on failure. */
-CudaPtr cuda_malloc(size_t bytes);
-void cuda_free(CudaPtr p);
-int cuda_memcpy_htod(CudaPtr dst, const void *src, size_t bytes);
-int cuda_memcpy_dtoh(void *dst, CudaPtr src, size_t bytes);
-/* Milliseconds for reps device-to-device copies of bytes (cuMemcpyDtoD,
- * event-timed): the bandwidth ceiling a streaming kernel can reach. */
-double cuda_copy_ms(CudaPtr dst, CudaPtr src, size_t bytes, int reps);

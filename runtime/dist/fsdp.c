@@ -24,8 +24,7 @@
  * the shard. A step runs over the shard's chunks, on every rank at once,
  * the step-scope reductions folded from every rank's partials. When any
  * rank's grads are non-finite, every rank skips together. */
-#include "coll.h"
-#include "rt.h"
+#include "dist.h"
 
 #include <math.h>
 #include <string.h>

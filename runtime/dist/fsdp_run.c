@@ -28,8 +28,7 @@
  * from free lists, so a step allocates nothing once the first has run. On
  * one rank an f32 unit is its own span: the params are read, and the grads
  * written, in place in the shard. */
-#include "coll.h"
-#include "rt.h"
+#include "dist.h"
 
 #include <math.h>
 #include <pthread.h>

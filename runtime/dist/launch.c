@@ -5,7 +5,7 @@
  * are, and mpirun's framed banners (between lines of dashes) about a rank
  * that died become one line, "rank N was killed by signal S (NAME)"; a
  * banner this does not recognise is printed whole, so nothing is lost. */
-#include "rt.h"
+#include "dist.h"
 
 #include <errno.h>
 #include <regex.h>

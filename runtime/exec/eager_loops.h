@@ -10,7 +10,7 @@
 #ifndef OPTC_EAGER_LOOPS_H
 #define OPTC_EAGER_LOOPS_H
 
-#include "rt.h"
+#include "exec.h"
 
 #include <math.h>
 #include <string.h>

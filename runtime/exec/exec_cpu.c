@@ -6,7 +6,7 @@
  * depend on the number of threads. Between phases the host folds the
  * step-scope reductions and evaluates the step values of the next
  * ^stepK segment with the interpreter's own arithmetic. */
-#include "rt.h"
+#include "exec.h"
 
 #include <math.h>
 #include <pthread.h>

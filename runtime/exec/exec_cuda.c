@@ -12,9 +12,7 @@
  * the reductions have the interpreter's bits. A step-scope reduction that
  * is not finite skips the rest of the step, as does grads_finite == 0
  * (with grads_finite < 0, the optc_nonfinite kernel finds out first). */
-#include "gpu.h"
-
-#include "driver.h"
+#include "exec.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /* group.c: parameter groups in flat buffers, read from and written to
  * tensor files with torch's state_dict names, and the values of their
  * step inputs. */
-#include "rt.h"
+#include "group.h"
 
 #include <math.h>
 #include <string.h>

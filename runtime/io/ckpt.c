@@ -18,7 +18,9 @@
  * Writing: each file under a temporary name, renamed when complete, into a
  * hidden temporary directory that is renamed to step_N when everything is
  * in it (ckpt_commit_dir). */
-#include "rt.h"
+#include "ckpt.h"
+
+#include "numerics.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -33,6 +35,12 @@
 #define INDEX_NAME "model.safetensors.index.json"
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+void ckpt_strings_free(char **s, int n) {
+  for (int i = 0; i < n; i++)
+    free(s[i]);
+  free(s);
+}
 
 /* "[2, 3]" */
 static void put_shape(Buf *b, int ndim, const int64_t *shape) {

@@ -13,7 +13,7 @@
  * without them (no DYNAMIC_ARCH) links and keeps its kernels. */
 #include "blas.h"
 
-#include "rt.h"
+#include "exec.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

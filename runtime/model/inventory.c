@@ -2,7 +2,9 @@
  * own tensors are HF's (llama4.c); torchtune's layout, which splits the
  * experts' fused gate_up_proj into gate and up and names everything its
  * own way, is what torchtune's FSDP shards, so plan and bench count both. */
-#include "rt.h"
+#include "llama4.h"
+
+#include "base.h"
 
 #include <string.h>
 

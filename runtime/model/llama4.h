@@ -10,6 +10,7 @@
  * uses, and in double, which the gradient check uses. A model is created for
  * one precision and runs only in it. */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -178,3 +179,16 @@ double l4_forward_f64(L4Model *m, double *const *params, const int32_t *tokens,
  * entries, valid until the next run; NULL for a dense layer, which routes
  * nothing. For load statistics and for tests. */
 const int32_t *l4_expert_choice(const L4Model *m, int l);
+
+/* ---- inventory.c: a recipe's parameter tensors ---------------------------------------- */
+typedef struct {
+  char name[160];
+  int ndim;
+  int64_t shape[3];
+  int64_t numel;
+} InvTensor;
+
+/* The model's parameter tensors: HF's layout (what optc's model holds and
+ * its checkpoints name), or torchtune's (what torchtune's FSDP shards).
+ * *out is malloc'd; returns the count. */
+int inventory_tensors(const L4Config *m, bool torchtune, InvTensor **out);

@@ -4,7 +4,7 @@
  * the model's config.json, read (HF's Llama4TextConfig keys and defaults,
  * against the recipe's model block) and written (for a run that started
  * from no checkpoint). */
-#include "rt.h"
+#include "train.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -12,12 +12,6 @@
 #include <string.h>
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-void ckpt_strings_free(char **s, int n) {
-  for (int i = 0; i < n; i++)
-    free(s[i]);
-  free(s);
-}
 
 /* ---- sizes: huggingface_hub's parse_size_to_int ---------------------------------------- */
 

@@ -3,7 +3,7 @@
  * batch and how long to train, torch.compile's flags. The optimizer spec is
  * the compiler's (frontend.c), which also checked every top-level key's
  * kind; the ranges and the meaning of these keys are checked here. */
-#include "rt.h"
+#include "train.h"
 
 #include <string.h>
 

@@ -1,7 +1,7 @@
 /* sched.c: learning-rate schedules, as torchtune's. A schedule gives each
  * step's lr, which the step graph takes as a runtime input, so a schedule
  * never recompiles anything. */
-#include "rt.h"
+#include "train.h"
 
 #include <math.h>
 #include <string.h>

@@ -16,11 +16,11 @@
  * A rank holds its shard of the params, the reduced grads and the optimizer
  * states (fsdp.c), and of the whole model only the units in use; the bits do
  * not depend on the world size given the same summed gradients. */
-#include "passes.h"
+#include "train.h"
+
 #include "blas.h"
-#include "coll.h"
 #include "data.h"
-#include "rt.h"
+#include "passes.h"
 
 #include <cblas.h>
 #include <errno.h>

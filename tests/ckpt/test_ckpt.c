@@ -9,7 +9,7 @@
  *   - the streaming load of a 6-shard, 192 MB checkpoint, whose peak RSS
  *     must stay within the destination buffer plus a few MB.
  * Prints what it checked; exits 0 when every check passes. */
-#include "rt.h"
+#include "train.h"
 
 #include <errno.h>
 #include <fcntl.h>
