@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #include "base.h"
-#include "frontend.h"
+#include "yamltree.h"
 #include "llama4.h"
 #include "tokenizer.h"
 

@@ -2,7 +2,7 @@
  * A checkpoint, an optimizer state or a test's inputs is a TensorFile: an
  * ordered list of tensors plus string metadata, read and written whole. */
 #pragma once
-#include "ir.h" /* Type, type_size, base.h */
+#include "base.h" /* Type, type_size */
 
 #define TENSOR_MAX_DIMS 8
 
