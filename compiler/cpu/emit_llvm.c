@@ -49,34 +49,42 @@ typedef struct {
   LLVMValueRef *recip;   /* (nins) a div taken as a multiply (recip_div): 1/c at entry */
   LLVMValueRef *rsplat;  /* (nins) ... its splat, per chunk */
   LLVMValueRef recip_ok; /* NULL, or whether every such multiply rounds as its div this call */
-  bool by_recip;         /* the loop being emitted multiplies where recip is set */
   Ref tab_u, tab_o;      /* a 16-bit value and a bf16 hold that is a function of it alone (tab_find), or NOREF */
   uint8_t *intab;        /* (nins) 1: what lies between them, computed only in the build; 2: tab_u as f32 */
   LLVMValueRef tab;      /* the table: 65536 f32 bits, tab_o's rounding for each bit pattern of tab_u */
   LLVMValueRef tab_ok;   /* NULL, or whether this call built it (it is large enough) */
-  bool by_tab;           /* the loop being emitted looks tab_o up */
   Ref *tie;              /* (nins) a hold tie_find took: the 16-bit-derived f32 its op reads, else NOREF */
   LLVMValueRef tie_ok;   /* NULL, or whether no such hold rounds a tie this call (tie_check) */
-  bool by_tie;           /* the loop being emitted rounds those holds half up */
-  bool half_up;          /* the hold being emitted does (bf16_round_sum) */
   uint8_t *fl;           /* (nins) FL_* of the phase being emitted */
   uint8_t *stage;        /* (nins) its stage in the pipelined loop: divides and square roots before it (stages) */
   Ref *cross;            /* (nins) the values a stage reads of an earlier one */
   int ncross, nstages;
-  bool no_tail;          /* this body's vector is in no tailpos remainder */
+  bool has_tailpos;      /* the phase's body computes tailpos */
   bool avx512;           /* the target has AVX-512F (vrsqrt14ps) */
   bool avx512bw;         /* ... and AVX-512BW (vpermw): bf16 packed and widened in one op */
   bool bf16cvt;          /* ... and AVX512-BF16 and DQ: vcvtneps2bf16 (the pipelined loop's fast pass) */
   bool amd;              /* an AMD CPU (znver*): no table (tab_find), holds half up (tie_find), no
                           * software prefetch (prefetch) */
-  bool cvt_on;           /* the pass being emitted rounds stored bf16 by vcvtneps2bf16 (vec_loop) */
-  LLVMValueRef special;  /* ... and its lanes vcvtneps2bf16 does not round as numerics.h (NULL: none yet) */
-  LLVMValueRef *loads;   /* (nins) the fast pass's loads, which its exact redo reuses */
-  bool reuse_loads;      /* the redo being emitted takes its loads from loads */
+  LLVMValueRef special;  /* the fast pass's (Loop.cvt) lanes vcvtneps2bf16 does not round as numerics.h (NULL: none yet) */
+  LLVMValueRef *loads;   /* (nins) the fast pass's loads, which its exact redo (Loop.reuse_loads) reuses */
   bool perm_ok;          /* without AVX-512: the phase may widen in lane_elem's order (perm_find) */
-  bool perm;             /* ... and the body being emitted does: f32 lane d holds element lane_elem(d) */
+  bool perm;             /* ... and the body being emitted does: f32 lane d holds element lane_elem(d) (body_begin) */
   LLVMValueRef perm_pack, perm_widen, odd_words; /* vpermw's operands, loaded at entry */
 } E;
+
+/* A loop's variant: what its body (emit_body, emit_stage, emit_ins) is
+ * emitted with. emit_phase gives each loop over a chunk's vectors its own
+ * (vec_loop); the variants differ in how a value is computed, never in its
+ * bits. */
+typedef struct {
+  bool plain;       /* the chunk is in none of torch's loop remainders (chunk_hit): tailpos is -1 in every
+                     * lane, and bf16 may widen in lane_elem's order (perm_find) */
+  bool tab;         /* tab_o is looked up in the table (tab_find), and what lies between is not computed */
+  bool tie;         /* tie_find's holds round half up (tie_check passed this call) */
+  bool recip;       /* a divide by a step value multiplies by its reciprocal (recip_div) */
+  bool cvt;         /* the pipelined loop's fast pass: stored bf16 round by vcvtneps2bf16 (cvt_pays) */
+  bool reuse_loads; /* ... and its exact redo, which takes the fast pass's loads */
+} Loop;
 
 /* What emit_phase knows about a value before it emits the body (analyze).
  * The point is the bf16 hold, cvt(cvt(x : bf16) : f32): rounding x in its
@@ -207,9 +215,9 @@ static LLVMValueRef bf16_to_f32(E *e, LLVMValueRef h) {
  * itself; any other NaN may not (a signaling one can become infinity, one
  * with a full payload carries into the sign). bf16_round_sum is the sum
  * before the low half is cleared: its high half is the same. */
-static LLVMValueRef bf16_round_sum(E *e, LLVMValueRef u) {
+static LLVMValueRef bf16_round_sum(E *e, LLVMValueRef u, bool half_up) {
   LLVMBuilderRef b = e->b;
-  if (e->half_up) /* no tie this call (tie_check): half up is to even */
+  if (half_up) /* no tie this call (tie_check): half up is to even */
     return LLVMBuildAdd(b, u, ci32(e, 0x8000), "");
   if (e->avx512) {
     /* the bias as a choice of two constants: vptestmd and a masked move */
@@ -221,7 +229,7 @@ static LLVMValueRef bf16_round_sum(E *e, LLVMValueRef u) {
 }
 
 static LLVMValueRef bf16_round_bits(E *e, LLVMValueRef u) {
-  return LLVMBuildAnd(e->b, bf16_round_sum(e, u), ci32(e, 0xffff0000u), "");
+  return LLVMBuildAnd(e->b, bf16_round_sum(e, u, false), ci32(e, 0xffff0000u), "");
 }
 
 /* optc_f32_to_bf16 in the f32 bits: the rounded bits, or the quiet NaN
@@ -623,13 +631,13 @@ static LLVMValueRef tail_regions(E *e, LLVMValueRef width, LLVMValueRef threads,
 }
 
 /* The element's offset into its remainder region, or -1, for W lanes. */
-static LLVMValueRef tailpos(E *e, LLVMValueRef regions) {
+static LLVMValueRef tailpos(E *e, LLVMValueRef regions, const Loop *lp) {
   LLVMBuilderRef b = e->b;
   LLVMValueRef lanes[W];
   for (int i = 0; i < W; i++)
     lanes[i] = LLVMConstInt(e->ti64, (unsigned long long)i, 0);
   LLVMValueRef r = splat_const(LLVMConstInt(e->ti64, (unsigned long long)-1, 1), W);
-  if (e->no_tail)
+  if (lp->plain)
     return r;
   LLVMValueRef idx = LLVMBuildAdd(b, broadcast(e, LLVMBuildAdd(b, e->start, e->j, "")), LLVMConstVector(lanes, W), "");
   for (int k = 1; k >= 0; k--) {
@@ -685,7 +693,7 @@ static bool read_back(const E *e, Ref i) {
  * 2.24-2.60 -> 2.19-2.99 ms (2M params, one thread). Without the table,
  * AdamW bf16's for-loop bits, 16M params on two threads: 8.2-10.2 ->
  * 7.6-8.2 ms, where fused bits took 7.3-8.0. */
-static bool cvt_pays(const E *e) {
+static bool cvt_pays(const E *e, const Loop *lp) {
   const Graph *g = e->g;
   int n = 0;
   for (Ref k = e->ph->lo; k < e->ph->hi; k++) {
@@ -693,7 +701,7 @@ static bool cvt_pays(const E *e) {
     if (x->op != OP_STORE || g->bufs[x->buf].type != TY_BF16)
       continue;
     Ref r = stored_value(g, x);
-    if (g->ins[r].op != OP_CVT || g->ins[r].type != TY_BF16 || (e->by_tab && read_back(e, r)))
+    if (g->ins[r].op != OP_CVT || g->ins[r].type != TY_BF16 || (lp->tab && read_back(e, r)))
       return false;
     n++;
   }
@@ -723,7 +731,7 @@ static LLVMValueRef round_bf16_cvt(E *e, Ref i, LLVMValueRef f) {
  * the rounded f32 bits (rnd) instead of widening them again: the NaN case
  * left out where the hold is FL_FAST. cvt(cvt(h : f32) : bf16) of a bf16 h
  * whose NaNs are canonical is h itself. */
-static LLVMValueRef emit_round_bf16(E *e, Ref i, LLVMValueRef v, Type from) {
+static LLVMValueRef emit_round_bf16(E *e, Ref i, LLVMValueRef v, Type from, const Loop *lp) {
   const Graph *g = e->g;
   LLVMBuilderRef b = e->b;
   const Ins *y = &g->ins[g->ins[i].args[0]];
@@ -731,11 +739,10 @@ static LLVMValueRef emit_round_bf16(E *e, Ref i, LLVMValueRef v, Type from) {
       (!in_body(&g->ins[y->args[0]]) || (e->fl[y->args[0]] & FL_CANON)))
     return operand_of(e, i, y->args[0]);
   LLVMValueRef f = from == TY_F64 ? LLVMBuildFPTrunc(b, v, vtype(e, TY_F32), "") : v;
-  if (e->cvt_on && is_stored(e, i)) /* cvt_pays */
+  if (lp->cvt && is_stored(e, i)) /* cvt_pays */
     return round_bf16_cvt(e, i, f);
-  e->half_up = e->by_tie && e->tie[i] != NOREF;
-  LLVMValueRef sum = bf16_round_sum(e, LLVMBuildBitCast(b, f, vec(e->ti32, W), ""));
-  e->half_up = false;
+  bool half_up = lp->tie && e->tie[i] != NOREF;
+  LLVMValueRef sum = bf16_round_sum(e, LLVMBuildBitCast(b, f, vec(e->ti32, W), ""), half_up);
   LLVMValueRef fast = LLVMBuildAnd(b, sum, ci32(e, 0xffff0000u), "");
   /* An FL_FAST hold's f32 is fast; what is packed (its high halves) may
    * then come from the sum, one op fewer where nothing else uses fast
@@ -775,8 +782,8 @@ static LLVMValueRef emit_round_bf16(E *e, Ref i, LLVMValueRef v, Type from) {
   return bf16_pack(e, exact);
 }
 
-/* One instruction of the element computation, as W lanes. */
-static LLVMValueRef emit_ins(E *e, Ref i) {
+/* One instruction of the element computation, as W lanes, in loop lp. */
+static LLVMValueRef emit_ins(E *e, Ref i, const Loop *lp) {
   const Ins *x = &e->g->ins[i];
   LLVMBuilderRef b = e->b;
   Type t = (Type)x->type;
@@ -807,7 +814,7 @@ static LLVMValueRef emit_ins(E *e, Ref i) {
     }
     unreachable(); /* inputs are step scope */
   case TR_ARITH: {
-    if (op == OP_DIV && e->by_recip && e->rsplat[i])
+    if (op == OP_DIV && lp->recip && e->rsplat[i])
       return LLVMBuildFMul(b, a[0], e->rsplat[i], "");
     if (t == TY_F32 || t == TY_F64)
       return arith(e, op, a);
@@ -834,7 +841,7 @@ static LLVMValueRef emit_ins(E *e, Ref i) {
   case TR_SELECT: return LLVMBuildSelect(b, a[0], a[1], a[2], "");
   case TR_CVT:
     if (t == TY_BF16 && (at[0] == TY_F32 || at[0] == TY_F64))
-      return emit_round_bf16(e, i, a[0], at[0]);
+      return emit_round_bf16(e, i, a[0], at[0], lp);
     if (at[0] == TY_BF16 && (t == TY_F32 || t == TY_F64) && e->rnd[x->args[0]]) {
       LLVMValueRef f = LLVMBuildBitCast(b, e->rnd[x->args[0]], vtype(e, TY_F32), "");
       return t == TY_F64 ? LLVMBuildFPExt(b, f, vtype(e, TY_F64), "") : f;
@@ -844,7 +851,7 @@ static LLVMValueRef emit_ins(E *e, Ref i) {
     LLVMValueRef bits = sr_bits(e, e->srkey[i]);
     return t == TY_BF16 ? f32_to_bf16_sr(e, a[0], bits) : f32_to_f16_sr(e, a[0], bits);
   }
-  case TR_TAILPOS: return tailpos(e, e->tail[i]);
+  case TR_TAILPOS: return tailpos(e, e->tail[i], lp);
   default: unreachable();
   }
 }
@@ -1041,7 +1048,7 @@ static void analyze(E *e) {
  * packing. So: every buffer bf16 (an f32 load would be in order), no
  * reduction (its sums are in element order), no stochastic rounding (a
  * function of the element's index), and tailpos only where it is folded
- * to -1 (e->no_tail: emit_phase sets perm per loop), no f16 (its conversions
+ * to -1 (Loop.plain: body_begin sets perm per loop), no f16 (its conversions
  * zero-extend in order), no select of 16-bit values (its condition is in
  * f32 lanes), and no table (tab_gather indexes in order). */
 static bool perm_find(const E *e) {
@@ -1247,12 +1254,12 @@ static void tab_build(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef n
   LLVMValueRef pat = patterns(e, k);
   forget(e);
   e->mask = NULL;
-  e->by_recip = false;
+  const Loop lp = {0};
   e->val[e->tab_u] = LLVMBuildTrunc(b, pat, vtype(e, TY_BF16), "");
   e->rnd[e->tab_u] = LLVMBuildShl(b, pat, ci32(e, 16), "");
   for (Ref i = e->tab_u + 1; i <= e->tab_o; i++)
     if (e->intab[i] || i == e->tab_o)
-      e->val[i] = emit_ins(e, i);
+      e->val[i] = emit_ins(e, i, &lp);
   LLVMValueRef at = LLVMBuildMul(b, k, LLVMConstInt(e->ti64, W, 0), "");
   LLVMValueRef st = LLVMBuildStore(b, e->rnd[e->tab_o], LLVMBuildGEP2(b, e->ti32, e->tab, &at, 1, ""));
   LLVMSetAlignment(st, 64);
@@ -1275,7 +1282,7 @@ static void tab_build(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef n
  * has 65536 possible inputs: tie_find finds such holds, and tie_check
  * computes each one's op on all 65536, with the code the loop runs, once
  * per call; where none rounds a tie, the loop rounds them half up
- * (e->by_tie). Ties do occur: v * beta2 has 3062 with beta2 0.95, none
+ * (Loop.tie). Ties do occur: v * beta2 has 3062 with beta2 0.95, none
  * with 0.999; d + bf16(eps), a sum of two bf16, has them every step, so
  * sums are left out. Without AVX-512 (a hold is five ops there), and on
  * AMD's AVX-512, which has no table (tab_find) and where a hold is four:
@@ -1359,7 +1366,7 @@ static void tie_check(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef n
       e->rsplat[r] = broadcast(e, e->recip[r]);
   forget(e);
   e->mask = NULL;
-  e->by_recip = true;
+  const Loop lp = {.recip = true}; /* as the loop that rounds half up */
   LLVMValueRef f = LLVMBuildBitCast(b, LLVMBuildShl(b, patterns(e, k), ci32(e, 16), ""), vec(e->tf32, W), "");
   LLVMValueRef any = acc;
   for (Ref h = e->ph->lo; h < e->ph->hi; h++) {
@@ -1367,11 +1374,10 @@ static void tie_check(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef n
       continue;
     Ref a = g->ins[h].args[0];
     e->val[e->tie[h]] = f;
-    LLVMValueRef u = LLVMBuildBitCast(b, emit_ins(e, a), vec(e->ti32, W), "");
+    LLVMValueRef u = LLVMBuildBitCast(b, emit_ins(e, a, &lp), vec(e->ti32, W), "");
     LLVMValueRef t = LLVMBuildICmp(b, LLVMIntEQ, LLVMBuildAnd(b, u, ci32(e, 0xffff), ""), ci32(e, 0x8000), "");
     any = LLVMBuildOr(b, any, t, "");
   }
-  e->by_recip = false;
   forget(e);
   LLVMValueRef knext = LLVMBuildAdd(b, k, one, "");
   LLVMBasicBlockRef check_end = LLVMGetInsertBlock(b);
@@ -1410,13 +1416,13 @@ static void tab_gather(E *e) {
 /* The instructions of one stage (0, 1, or -1 for all) for the vector at
  * e->j. Loads are stage 0 and come first, so a load never sees a store of
  * this step. */
-static void emit_stage(E *e, LLVMValueRef *acc, int stage) {
+static void emit_stage(E *e, LLVMValueRef *acc, int stage, const Loop *lp) {
   const Graph *g = e->g;
   const PlanPhase *ph = e->ph;
   if (stage <= 0)
     for (Ref i = ph->lo; i < ph->hi; i++)
       if (g->ins[i].op == OP_LOAD) {
-        e->val[i] = e->reuse_loads ? e->loads[i] : load_vec(e, g->ins[i].buf);
+        e->val[i] = lp->reuse_loads ? e->loads[i] : load_vec(e, g->ins[i].buf);
         e->loads[i] = e->val[i];
       }
   int nred = 0;
@@ -1431,12 +1437,12 @@ static void emit_stage(E *e, LLVMValueRef *acc, int stage) {
       continue;
     } else if (x->op == OP_STORE) {
       store_vec(e, x->buf, operand(e, x->args[0]));
-    } else if (e->by_tab && e->intab[i] == 1) {
+    } else if (lp->tab && e->intab[i] == 1) {
       continue;
-    } else if (e->by_tab && i == e->tab_o) {
+    } else if (lp->tab && i == e->tab_o) {
       tab_gather(e);
     } else if (x->op != OP_LOAD && x->scope != SCOPE_STEP) {
-      e->val[i] = emit_ins(e, i);
+      e->val[i] = emit_ins(e, i, lp);
     }
   }
 }
@@ -1446,10 +1452,15 @@ static void forget(E *e) {
   memset(e->rnd, 0, sizeof(LLVMValueRef) * (size_t)e->g->nins);
 }
 
+/* Before a body of loop lp: the lane order its bf16 widen in (perm_find;
+ * not where a tailpos reads the lanes in element order, unless it is -1
+ * throughout). */
+static void body_begin(E *e, const Loop *lp) { e->perm = e->perm_ok && (lp->plain || !e->has_tailpos); }
+
 /* The whole body for the vector at e->j (masked where e->mask is set). */
-static void emit_body(E *e, LLVMValueRef *acc) {
+static void emit_body(E *e, LLVMValueRef *acc, const Loop *lp) {
   forget(e);
-  emit_stage(e, acc, -1);
+  emit_stage(e, acc, -1, lp);
 }
 
 /* Splits the body in stages at each divide or square root (a long latency,
@@ -1460,7 +1471,7 @@ static void emit_body(E *e, LLVMValueRef *acc) {
  * instructions in its scheduler. Returns the number of stages (below 2:
  * not pipelined). */
 enum { MAX_STAGES = 3 }; /* vec_loop has the measurements */
-static int stages(E *e) {
+static int stages(E *e, const Loop *lp) {
   const Graph *g = e->g;
   const PlanPhase *ph = e->ph;
   int n[MAX_STAGES] = {0};
@@ -1474,9 +1485,9 @@ static int stages(E *e) {
     if (!in_body(x))
       continue;
     int d = 0;
-    if (e->by_tab && e->intab[i] == 1)
+    if (lp->tab && e->intab[i] == 1)
       continue;
-    if (e->by_tab && i == e->tab_o) { /* a gather: a load's latency, from L2 */
+    if (lp->tab && i == e->tab_o) { /* a gather: a load's latency, from L2 */
       d = MIN(e->stage[e->tab_u] + 1, most - 1);
     } else {
       for (int k = 0; k < op_info[x->op].nargs; k++)
@@ -1500,9 +1511,9 @@ static int stages(E *e) {
   ASSERT(seen);
   for (Ref i = ph->lo; i < ph->hi; i++) {
     const Ins *x = &g->ins[i];
-    if (!in_body(x) || !e->stage[i] || (e->by_tab && e->intab[i] == 1))
+    if (!in_body(x) || !e->stage[i] || (lp->tab && e->intab[i] == 1))
       continue;
-    bool gather = e->by_tab && i == e->tab_o;
+    bool gather = lp->tab && i == e->tab_o;
     for (int k = 0; k < (gather ? 1 : op_info[x->op].nargs); k++) {
       Ref r = gather ? e->tab_u : x->args[k];
       Ref rs[2] = {r, NOREF};
@@ -1525,7 +1536,7 @@ static int stages(E *e) {
  * hr, their rounded bits) is cross value c of the iteration d back; this
  * iteration's go to d = 0. */
 static void pipe_iter(E *e, LLVMValueRef *acc, LLVMValueRef k, int lo, int hi, LLVMValueRef *mask,
-                      LLVMValueRef *h, LLVMValueRef *hr) {
+                      LLVMValueRef *h, LLVMValueRef *hr, const Loop *lp) {
   int nx = e->ncross;
   for (int s = hi; s >= lo; s--) {
     forget(e);
@@ -1537,7 +1548,7 @@ static void pipe_iter(E *e, LLVMValueRef *acc, LLVMValueRef k, int lo, int hi, L
     e->j = LLVMBuildMul(e->b, LLVMBuildSub(e->b, k, LLVMConstInt(e->ti64, (unsigned)s, 0), ""),
                         LLVMConstInt(e->ti64, W, 0), "");
     e->mask = mask ? mask[s] : NULL;
-    emit_stage(e, acc, s);
+    emit_stage(e, acc, s, lp);
     for (int c = 0; c < nx; c++)
       if (e->stage[e->cross[c]] == s)
         h[c] = e->val[e->cross[c]], hr[c] = e->rnd[e->cross[c]];
@@ -1553,16 +1564,17 @@ static void pipe_iter(E *e, LLVMValueRef *acc, LLVMValueRef k, int lo, int hi, L
  * One branch an iteration, after everything, so the fast pass is one block
  * for the scheduler (a branch at each rounding made the Zen 4 loop 25%
  * slower than no vcvtneps2bf16 at all). */
-static void pipe_iter_cvt(E *e, LLVMValueRef fn, LLVMValueRef k, LLVMValueRef *h, LLVMValueRef *hr) {
+static void pipe_iter_cvt(E *e, LLVMValueRef fn, LLVMValueRef k, LLVMValueRef *h, LLVMValueRef *hr, const Loop *lp) {
   LLVMBuilderRef b = e->b;
   int ns = e->nstages, nx = e->ncross;
   LLVMValueRef *in = calloc((size_t)(2 * ns * nx + 2 * nx + 1), sizeof(LLVMValueRef)), *fast = in + 2 * ns * nx;
   ASSERT(in);
   memcpy(in, h, sizeof(LLVMValueRef) * (size_t)(2 * ns * nx));
-  e->cvt_on = true;
+  Loop fast_pass = *lp, redo_pass = *lp;
+  fast_pass.cvt = true;
+  redo_pass.reuse_loads = true;
   e->special = NULL;
-  pipe_iter(e, NULL, k, 0, ns - 1, NULL, h, hr);
-  e->cvt_on = false;
+  pipe_iter(e, NULL, k, 0, ns - 1, NULL, h, hr, &fast_pass);
   if (!e->special) { /* nothing stored is bf16 */
     free(in);
     return;
@@ -1582,9 +1594,7 @@ static void pipe_iter_cvt(E *e, LLVMValueRef fn, LLVMValueRef k, LLVMValueRef *h
                   LLVMMetadataAsValue(e->c, LLVMMDNodeInContext2(e->c, w, 3)));
   LLVMPositionBuilderAtEnd(b, redo);
   memcpy(h, in, sizeof(LLVMValueRef) * (size_t)(2 * ns * nx));
-  e->reuse_loads = true;
-  pipe_iter(e, NULL, k, 0, ns - 1, NULL, h, hr);
-  e->reuse_loads = false;
+  pipe_iter(e, NULL, k, 0, ns - 1, NULL, h, hr, &redo_pass);
   LLVMBasicBlockRef redo_end = LLVMGetInsertBlock(b);
   LLVMBuildBr(b, join);
   LLVMPositionBuilderAtEnd(b, join);
@@ -1629,8 +1639,8 @@ static void pipe_masks(E *e, LLVMValueRef k, LLVMValueRef nvec, int lo, int hi, 
  * divide, in stages of their own) against two: 64M params, 2 threads,
  * 35.7-36.0 -> 33.3-33.6 ms for-loop bits, 31.8-32.4 -> 30.2-30.3 fused;
  * four were ~2% faster again but compiled the Scout recipe in 51 ms. */
-static LLVMValueRef vec_loop(E *e, LLVMValueRef fn, LLVMValueRef len, bool piped, LLVMValueRef *acc_in,
-                             LLVMValueRef *acc_out) {
+static LLVMValueRef vec_loop(E *e, LLVMValueRef fn, LLVMValueRef len, bool piped, const Loop *lp,
+                             LLVMValueRef *acc_in, LLVMValueRef *acc_out) {
   LLVMBuilderRef b = e->b;
   LLVMContextRef c = e->c;
   int nred = e->ph->nreds;
@@ -1639,6 +1649,7 @@ static LLVMValueRef vec_loop(E *e, LLVMValueRef fn, LLVMValueRef len, bool piped
   LLVMBasicBlockRef pre = LLVMGetInsertBlock(b);
   LLVMValueRef acc[16], accphi[16];
   e->mask = NULL;
+  body_begin(e, lp);
   if (!piped) {
     LLVMBasicBlockRef cond = LLVMAppendBasicBlockInContext(c, fn, "vec");
     LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(c, fn, "vec.body");
@@ -1653,7 +1664,7 @@ static LLVMValueRef vec_loop(E *e, LLVMValueRef fn, LLVMValueRef len, bool piped
     LLVMPositionBuilderAtEnd(b, body);
     e->j = j;
     memcpy(acc, accphi, sizeof(LLVMValueRef) * (size_t)nred);
-    emit_body(e, acc);
+    emit_body(e, acc, lp);
     LLVMBasicBlockRef body_end = LLVMGetInsertBlock(b);
     LLVMBuildBr(b, cond);
     LLVMAddIncoming(j, (LLVMValueRef[]){zero, jnext}, (LLVMBasicBlockRef[]){pre, body_end}, 2);
@@ -1685,7 +1696,7 @@ static LLVMValueRef vec_loop(E *e, LLVMValueRef fn, LLVMValueRef len, bool piped
   for (int k = 0; k < ns - 1; k++) {
     LLVMValueRef kv = LLVMConstInt(e->ti64, (unsigned)k, 0);
     pipe_masks(e, kv, nvec, 0, k, mask);
-    pipe_iter(e, acc, kv, 0, k, mask, h, hr);
+    pipe_iter(e, acc, kv, 0, k, mask, h, hr, lp);
     pipe_shift(e, ns, h, hr);
   }
   LLVMBasicBlockRef fill_end = LLVMGetInsertBlock(b);
@@ -1710,10 +1721,10 @@ static LLVMValueRef vec_loop(E *e, LLVMValueRef fn, LLVMValueRef len, bool piped
   LLVMPositionBuilderAtEnd(b, body);
   memcpy(h, ph, sizeof(LLVMValueRef) * (size_t)(2 * ns * nx));
   memcpy(acc, accphi, sizeof(LLVMValueRef) * (size_t)nred);
-  if (e->bf16cvt && nred == 0 && cvt_pays(e))
-    pipe_iter_cvt(e, fn, kphi, h, hr);
+  if (e->bf16cvt && nred == 0 && cvt_pays(e, lp))
+    pipe_iter_cvt(e, fn, kphi, h, hr, lp);
   else
-    pipe_iter(e, acc, kphi, 0, ns - 1, NULL, h, hr);
+    pipe_iter(e, acc, kphi, 0, ns - 1, NULL, h, hr, lp);
   pipe_shift(e, ns, h, hr);
   LLVMBasicBlockRef body_end = LLVMGetInsertBlock(b);
   LLVMValueRef knext = LLVMBuildAdd(b, kphi, one, "");
@@ -1737,7 +1748,7 @@ static LLVMValueRef vec_loop(E *e, LLVMValueRef fn, LLVMValueRef len, bool piped
   for (int d = 0; d < ns - 1; d++) {
     LLVMValueRef kv = LLVMBuildAdd(b, kphi, LLVMConstInt(e->ti64, (unsigned)d, 0), "");
     pipe_masks(e, kv, nvec, d + 1, ns - 1, mask);
-    pipe_iter(e, acc, kv, d + 1, ns - 1, mask, h, hr);
+    pipe_iter(e, acc, kv, d + 1, ns - 1, mask, h, hr, lp);
     pipe_shift(e, ns, h, hr);
   }
   LLVMValueRef jend = LLVMBuildMul(b, nvec, wv, "");
@@ -1945,10 +1956,11 @@ static void emit_phase(E *e, int k) {
   analyze(e);
   tab_find(e);
   e->perm_ok = perm_find(e);
-  bool has_tailpos = false;
+  e->has_tailpos = false;
   for (Ref i = ph->lo; i < ph->hi; i++)
-    has_tailpos |= g->ins[i].op == OP_TAILPOS && in_body(&g->ins[i]);
-  e->perm = e->perm_ok && !has_tailpos;
+    e->has_tailpos |= g->ins[i].op == OP_TAILPOS && in_body(&g->ins[i]);
+  const Loop general = {0}; /* any chunk, no check made */
+  body_begin(e, &general);
   if (e->avx512bw)
     load_perms(e);
   memset(e->cscalar, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
@@ -2040,7 +2052,7 @@ static void emit_phase(E *e, int k) {
   for (int r = 0; r < nred; r++)
     acc0[r] = fconst(vacc, red_is_max((RedKind)g->ins[ph->reds[r]].red) ? -1.0 / 0.0 : 0.0);
   LLVMPositionBuilderAtEnd(b, vec_cond);
-  e->nstages = stages(e);
+  e->nstages = stages(e, &general);
   bool piped = e->nstages >= 2;
   LLVMValueRef jv, jg = NULL, jr = NULL, jt = NULL, jh = NULL;
   LLVMValueRef acc_r[16], acc_t[16], acc_h[16];
@@ -2054,13 +2066,13 @@ static void emit_phase(E *e, int k) {
     LLVMBasicBlockRef mixed = LLVMAppendBasicBlockInContext(c, fn, "vec.tailpos");
     LLVMBuildCondBr(b, hit, mixed, plain);
     LLVMPositionBuilderAtEnd(b, mixed);
-    jg = vec_loop(e, fn, len, false, acc0, acc_g);
+    jg = vec_loop(e, fn, len, false, &general, acc0, acc_g);
     from_g = LLVMGetInsertBlock(b);
     LLVMBuildBr(b, tail_check);
     LLVMPositionBuilderAtEnd(b, plain);
-    e->no_tail = true;
-    e->perm = e->perm_ok;
   }
+  /* the loops below: over the chunks in no remainder, where there are any */
+  const Loop loops = {.plain = hit != NULL};
   if (e->tab_ok) {
     /* the full vectors with the table, where this call built it; else
      * the dividing loop below, not pipelined (the Scout recipe compiles in
@@ -2069,11 +2081,11 @@ static void emit_phase(E *e, int k) {
     LLVMBasicBlockRef other = LLVMAppendBasicBlockInContext(c, fn, "vec.notab");
     LLVMBuildCondBr(b, e->tab_ok, look, other);
     LLVMPositionBuilderAtEnd(b, look);
-    e->by_tab = true;
-    e->nstages = stages(e);
-    jt = vec_loop(e, fn, len, e->nstages >= 2, acc0, acc_t);
-    e->by_tab = false;
-    e->nstages = stages(e);
+    Loop tab = loops;
+    tab.tab = true;
+    e->nstages = stages(e, &tab);
+    jt = vec_loop(e, fn, len, e->nstages >= 2, &tab, acc0, acc_t);
+    e->nstages = stages(e, &loops);
     from_t = LLVMGetInsertBlock(b);
     LLVMBuildBr(b, tail_check);
     LLVMPositionBuilderAtEnd(b, other);
@@ -2085,10 +2097,10 @@ static void emit_phase(E *e, int k) {
     LLVMBasicBlockRef other = LLVMAppendBasicBlockInContext(c, fn, "vec.even");
     LLVMBuildCondBr(b, fast_ok, fast, other);
     LLVMPositionBuilderAtEnd(b, fast);
-    e->by_recip = e->recip_ok != NULL;
-    e->by_tie = true;
-    jh = vec_loop(e, fn, len, piped, acc0, acc_h);
-    e->by_recip = e->by_tie = false;
+    Loop half_up = loops;
+    half_up.recip = e->recip_ok != NULL;
+    half_up.tie = true;
+    jh = vec_loop(e, fn, len, piped, &half_up, acc0, acc_h);
     from_h = LLVMGetInsertBlock(b);
     LLVMBuildBr(b, tail_check);
     LLVMPositionBuilderAtEnd(b, other);
@@ -2102,16 +2114,14 @@ static void emit_phase(E *e, int k) {
     LLVMBasicBlockRef div = LLVMAppendBasicBlockInContext(c, fn, "vec.div");
     LLVMBuildCondBr(b, e->recip_ok, mul, div);
     LLVMPositionBuilderAtEnd(b, mul);
-    e->by_recip = true;
-    jr = vec_loop(e, fn, len, piped, acc0, acc_r);
-    e->by_recip = false;
+    Loop recip = loops;
+    recip.recip = true;
+    jr = vec_loop(e, fn, len, piped, &recip, acc0, acc_r);
     from_r = LLVMGetInsertBlock(b);
     LLVMBuildBr(b, tail_check);
     LLVMPositionBuilderAtEnd(b, div);
   }
-  jv = vec_loop(e, fn, len, piped && !e->recip_ok && !fast_ok, acc0, acc_v);
-  e->no_tail = false;
-  e->perm = e->perm_ok && !has_tailpos;
+  jv = vec_loop(e, fn, len, piped && !e->recip_ok && !fast_ok, &loops, acc0, acc_v);
   from_v = LLVMGetInsertBlock(b);
   LLVMBuildBr(b, tail_check);
 
@@ -2147,7 +2157,8 @@ static void emit_phase(E *e, int k) {
   e->mask = LLVMBuildICmp(b, LLVMIntSLT, LLVMConstVector(lanes, W), rem, "mask");
   e->j = jphi;
   memcpy(acc_tail, acc_tc, sizeof(LLVMValueRef) * (size_t)nred);
-  emit_body(e, acc_tail);
+  body_begin(e, &general);
+  emit_body(e, acc_tail, &general);
   e->mask = NULL;
   LLVMBasicBlockRef tail_end = LLVMGetInsertBlock(b);
   LLVMBuildBr(b, chunk_end);
