@@ -61,7 +61,7 @@ srcs="base/base.c compiler/ir.c compiler/print.c compiler/parse.c compiler/verif
   compiler/frontend.c compiler/pipeline.c compiler/passes/dce.c compiler/passes/canonicalize.c
   compiler/passes/cse.c compiler/passes/hoist.c compiler/passes/drop_grad_writeback.c
   compiler/passes/partition.c compiler/layout.c compiler/interp.c compiler/lower.c compiler/cache.c
-  compiler/cpu/emit_llvm.c compiler/cpu/jit.c compiler/cuda/emit_cuda.c compiler/cuda/nvrtc.c compiler/cuda/driver.c
+  compiler/cpu/emit_llvm.c compiler/cpu/lanes.c compiler/cpu/variants.c compiler/cpu/jit.c compiler/cuda/emit_cuda.c compiler/cuda/nvrtc.c compiler/cuda/driver.c
   runtime/exec/exec_cpu.c runtime/exec/exec_cuda.c runtime/io/safetensors.c runtime/group/group.c
   runtime/model/inventory.c runtime/train/sched.c runtime/dist/fsdp.c runtime/dist/launch.c runtime/data/data.c runtime/data/hfdata.c runtime/data/parquet.c
   runtime/train/train.c runtime/train/config.c runtime/io/ckpt.c runtime/train/ckpt_config.c runtime/model/llama4.c runtime/model/blas.c
@@ -92,7 +92,7 @@ for s in $srcs; do
   o=$out/obj/$(echo "$s" | tr / _).o
   objs+=("$o")
   extra=()
-  case $s in compiler/cpu/emit_llvm.c|compiler/cpu/jit.c) read -ra extra <<<"$llvm_cflags" ;; esac
+  case $s in compiler/cpu/*.c) read -ra extra <<<"$llvm_cflags" ;; esac
   up_to_date "$o" && continue
   while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
   compile "$root/$s" "$o" "${extra[@]}" &
