@@ -24,6 +24,8 @@
  * 1 GiB of buffers by default so that no cache holds it. */
 #include "passes.h"
 #include "bench.h"
+
+#include "args.h"
 #include "tools.h"
 #include "fused_ref.h"
 
@@ -468,49 +470,30 @@ int bench_optimizer(int argc, char **argv) {
   int64_t nparams = 0;
   int threads = 0, reps = 5;
   bool clip = false;
-  for (int i = 0; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+  Args p;
+  args_init(&p, "optc bench optimizer", argc, argv);
+  const char *v;
+  while (args_next(&p)) {
+    if (args_help(&p)) {
       fputs(usage, stdout);
       return 0;
-    } else if (!strcmp(a, "--clip")) {
+    } else if (args_flag(&p, "--clip")) {
       clip = true;
-    } else if (v && !strcmp(a, "--config")) {
-      config = v, i++;
-    } else if (v && !strcmp(a, "--layout")) {
-      layout = v, i++;
-    } else if (v && !strcmp(a, "--json")) {
-      json_path = v, i++;
-    } else if (v && !strcmp(a, "--plot")) {
-      plot_path = v, i++;
-    } else if (v && !strcmp(a, "--cpu")) {
-      cpu_name = v, i++;
-    } else if (v && !strcmp(a, "--strategies")) {
-      strategies = v, i++;
-    } else if (v && !strcmp(a, "--params")) {
-      nparams = parse_count(v), i++;
-      if (nparams < 1) {
-        error("--params needs a positive count, like 64M");
-        return 2;
-      }
-    } else if (v && !strcmp(a, "--threads")) {
-      threads = atoi(v), i++;
-      if (threads < 1) {
-        error("--threads needs a positive number");
-        return 2;
-      }
-    } else if (v && !strcmp(a, "--reps")) {
-      reps = atoi(v), i++;
-      if (reps < 1) {
-        error("--reps needs a positive number");
-        return 2;
+    } else if (args_value(&p, "--config", &config) || args_value(&p, "--layout", &layout) ||
+               args_value(&p, "--json", &json_path) || args_value(&p, "--plot", &plot_path) ||
+               args_value(&p, "--cpu", &cpu_name) || args_value(&p, "--strategies", &strategies) ||
+               args_int(&p, "--threads", 1, 1024, &threads) || args_int(&p, "--reps", 1, 1000000, &reps)) {
+    } else if (args_value(&p, "--params", &v)) {
+      if (v && (nparams = parse_count(v)) < 1) {
+        error("--params needs a positive count, like 64M, not '%s'", v);
+        p.rc = 2;
       }
     } else {
-      error("unknown option '%s' (see optc bench optimizer --help)", a);
-      return 2;
+      args_unknown(&p);
     }
   }
+  if (p.rc)
+    return p.rc;
   const char *dtype = "fp32", *states = NULL;
   if (layout) {
     if (!strcmp(layout, "fp32"))

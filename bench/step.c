@@ -4,6 +4,8 @@
  * step goes (forward and backward, collectives, optimizer). It fails when
  * any run's loss at any step differs from the first run's. */
 #include "bench.h"
+
+#include "args.h"
 #include "tools.h"
 
 #include <jansson.h>
@@ -36,48 +38,31 @@ int bench_step(int argc, char **argv) {
   bool mpi_rank = false; /* one of --nproc's ranks, started by mpirun */
   const char **ov = calloc((size_t)argc + 2, sizeof(char *));
   int nov = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+  Args p;
+  args_init(&p, "optc bench step", argc, argv);
+  int ignored;
+  while (args_next(&p)) {
+    const char *a = p.a;
+    if (args_help(&p)) {
       fputs(usage, stdout);
       free(ov);
       return 0;
-    } else if (v && !strcmp(a, "--config")) {
-      config = v, i++;
-    } else if (!strcmp(a, "--mpi-rank")) {
+    } else if (args_flag(&p, "--mpi-rank")) {
       mpi_rank = true;
-    } else if (v && !strcmp(a, "--threads")) {
-      i++; /* the launcher passes it; the trainer divides the cores itself */
-    } else if (v && !strcmp(a, "--nproc")) {
-      nproc = atoi(v), i++;
-      if (nproc < 1 || nproc > 4096) {
-        error("--nproc needs a whole number from 1 to 4096");
-        free(ov);
-        return 2;
-      }
-    } else if (v && !strcmp(a, "--json")) {
-      json_path = v, i++;
-    } else if (v && !strcmp(a, "--reps")) {
-      reps = atoi(v), i++;
-      if (reps < 1) {
-        error("--reps needs a positive number");
-        free(ov);
-        return 2;
-      }
-    } else if (v && !strcmp(a, "--steps")) {
-      steps = atol(v), i++;
-      if (steps < 1) {
-        error("--steps needs a positive number");
-        free(ov);
-        return 2;
-      }
-    } else if (a[0] == '~' || (strchr(a, '=') && a[0] != '-')) {
+    } else if (args_int(&p, "--threads", 1, 1024, &ignored)) {
+      /* the launcher passes it; the trainer divides the cores itself */
+    } else if (args_value(&p, "--config", &config) || args_value(&p, "--json", &json_path) ||
+               args_int(&p, "--nproc", 1, 4096, &nproc) || args_int(&p, "--reps", 1, 16, &reps) ||
+               args_long(&p, "--steps", 1, INT32_MAX, &steps)) {
+    } else if (args_is_override(a)) {
       ov[nov++] = a;
     } else {
-      error("unknown option '%s' (see optc bench step --help)", a);
-      free(ov);
-      return 2;
+      args_unknown(&p);
     }
+  }
+  if (p.rc) {
+    free(ov);
+    return p.rc;
   }
   if (!config) {
     error("bench step needs --config CONFIG");

@@ -8,6 +8,7 @@
 #include "blas.h"
 #include "tools.h"
 
+#include "args.h"
 #include "fused_ref.h"
 
 #include <cblas.h>
@@ -236,46 +237,28 @@ int cmd_plan(int argc, char **argv) {
   bool json = false;
   const char **ov = calloc((size_t)argc + 1, sizeof(char *));
   int nov = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+  Args p;
+  args_init(&p, "optc plan", argc, argv);
+  while (args_next(&p)) {
+    if (args_help(&p)) {
       fputs(usage, stdout);
       free(ov);
       return 0;
-    } else if (!strcmp(a, "--json")) {
+    } else if (args_flag(&p, "--json")) {
       json = true;
-    } else if (v && !strcmp(a, "--nproc")) {
-      nproc = atoi(v), i++;
-      if (nproc < 1) {
-        error("--nproc needs a positive number");
-        free(ov);
-        return 2;
-      }
-    } else if (v && !strcmp(a, "--bandwidth")) {
-      bandwidth = atof(v), i++;
-      if (!(bandwidth > 0)) {
-        error("--bandwidth needs a positive number of GB/s");
-        free(ov);
-        return 2;
-      }
-    } else if (v && (!strcmp(a, "--net-bandwidth") || !strcmp(a, "--gflops"))) {
-      double x = atof(v);
-      if (!(x > 0)) {
-        error("%s needs a positive number", a);
-        free(ov);
-        return 2;
-      }
-      *(a[2] == 'n' ? &net_gbps : &gflops) = x, i++;
-    } else if (a[0] == '-') {
-      error("unknown option '%s' (see optc plan --help)", a);
-      free(ov);
-      return 2;
+    } else if (args_int(&p, "--nproc", 1, 1 << 20, &nproc) || args_positive(&p, "--bandwidth", &bandwidth) ||
+               args_positive(&p, "--net-bandwidth", &net_gbps) || args_positive(&p, "--gflops", &gflops)) {
+    } else if (args_option(&p)) {
+      args_unknown(&p);
     } else if (!config) {
-      config = a;
+      config = p.a;
     } else {
-      ov[nov++] = a;
+      ov[nov++] = p.a;
     }
+  }
+  if (p.rc) {
+    free(ov);
+    return p.rc;
   }
   if (!config) {
     error("plan needs a CONFIG (see optc plan --help)");
@@ -304,10 +287,10 @@ int cmd_plan(int argc, char **argv) {
   CompileTimes ct = {0};
   double compile_ms = -1;
   if (cpu_backend_available()) {
-    CpuProgram *p = cpu_compile(g, &(CpuTarget){.no_cache = true}, &ct);
-    if (p)
+    CpuProgram *prog = cpu_compile(g, &(CpuTarget){.no_cache = true}, &ct);
+    if (prog)
       compile_ms = frontend_ms + passes_ms + ct.build + ct.opt + ct.codegen + ct.link;
-    cpu_program_free(p);
+    cpu_program_free(prog);
   }
   InvTensor *tt, *hf;
   int ntt = inventory_tensors(&tc.model, true, &tt), nhf = inventory_tensors(&tc.model, false, &hf);
