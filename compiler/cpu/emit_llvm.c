@@ -293,14 +293,12 @@ static LLVMValueRef elem_addr(E *e, int buf) {
  * e->j, into every cache level. The hardware's prefetchers keep up with a
  * loop whose every element is a few cycles; they fall behind this one,
  * whose chains of divides and roundings take ~100 cycles per vector, so
- * few of its loads are in flight at once. Measured on 64M params, 2
- * threads (bench/results.md): bf16 43 -> 39 ms, fp32 44 -> 37 ms; 512
- * elements ahead was the best of 256 to 2048 in both. Past the chunk's end
- * it reads the tensor's next chunk, which this thread runs next; a
- * prefetch never faults. Not on AMD's cores, whose prefetchers keep up:
- * on Zen 4 (64M params, 2 threads, the two compiles run in turns in one
- * process) the Scout recipe's step was 1-5% faster without, in for-loop
- * and fused bits and in fp32, and the same with clip or AVX2's code. */
+ * few of its loads are in flight at once; 512 elements ahead was the best
+ * distance measured. Past the chunk's end it reads the tensor's next
+ * chunk, which this thread runs next; a prefetch never faults. Not on
+ * AMD's cores, whose prefetchers keep up: the step measured faster there
+ * without it (bench/results.md, "Measurements behind the emitters'
+ * choices"). */
 static void prefetch(E *e, int buf) {
   if (e->mask || e->amd)
     return;
@@ -576,7 +574,7 @@ static int stages(E *e, const Loop *lp) {
   const PlanPhase *ph = e->ph;
   int n[MAX_STAGES] = {0};
   /* AVX2's 16 vector registers hold two stages' values, not three: the
-   * third spills (the bf16 loop went from 207 to 219 instructions) */
+   * third spills */
   int most = e->avx512 ? MAX_STAGES : 2;
   memset(e->stage, 0, (size_t)g->nins);
   e->ncross = 0;
@@ -681,10 +679,10 @@ static void pipe_masks(E *e, LLVMValueRef k, LLVMValueRef nvec, int lo, int hi, 
  * acc_out, valid in the block it ends in (left unterminated). Pipelined
  * (e->nstages >= 2): iteration k runs stage s of vector k - s for every s,
  * the values between stages carried in phis as many iterations as their
- * stages are apart. Three stages (the bf16 for-loop AdamW's sqrt, and
- * divide, in stages of their own) against two: 64M params, 2 threads,
- * 35.7-36.0 -> 33.3-33.6 ms for-loop bits, 31.8-32.4 -> 30.2-30.3 fused;
- * four were ~2% faster again but compiled the Scout recipe in 51 ms. */
+ * stages are apart. At most three stages (the bf16 for-loop AdamW's sqrt,
+ * and divide, in stages of their own): three ran faster than two, and a
+ * fourth gained little for a compile a quarter longer (bench/results.md,
+ * "Measurements behind the emitters' choices"). */
 static LLVMValueRef vec_loop(E *e, LLVMValueRef fn, LLVMValueRef len, bool piped, const Loop *lp,
                              LLVMValueRef *acc_in, LLVMValueRef *acc_out) {
   LLVMBuilderRef b = e->b;
@@ -1067,8 +1065,8 @@ static void emit_phase(E *e, int k) {
   const Loop loops = {.plain = hit != NULL};
   if (e->tab_ok) {
     /* the full vectors with the table, where this call built it; else
-     * the dividing loop below, not pipelined (the Scout recipe compiles in
-     * 42-45 ms cold; with a third loop, recip_div's, in 52-58) */
+     * the dividing loop below, not pipelined: each loop more is compile
+     * time, and a third one, recip_div's, cost a fifth more */
     LLVMBasicBlockRef look = LLVMAppendBasicBlockInContext(c, fn, "vec.tab");
     LLVMBasicBlockRef other = LLVMAppendBasicBlockInContext(c, fn, "vec.notab");
     LLVMBuildCondBr(b, e->tab_ok, look, other);
@@ -1100,8 +1098,8 @@ static void emit_phase(E *e, int k) {
   if (e->recip_ok) {
     /* the full vectors with the multiplies, where this call's check passed
      * (on all but ~1 step in 2000 of AdamW's bias corrections); else the
-     * divides, in a loop that is not pipelined: it compiles in half the
-     * time (the Scout recipe's step in 41 ms cold, not 53) */
+     * divides, in a loop that is not pipelined, the rare case that need
+     * not be fast: the compile takes a fifth less */
     LLVMBasicBlockRef mul = LLVMAppendBasicBlockInContext(c, fn, "vec.recip");
     LLVMBasicBlockRef div = LLVMAppendBasicBlockInContext(c, fn, "vec.div");
     LLVMBuildCondBr(b, e->recip_ok, mul, div);

@@ -11,10 +11,9 @@
  * too, whose exp_avg and exp_avg_sq are read back, widened from the
  * words: one vpermw for the integer rounding's four ops). Not in the loop
  * that looks the denominator up (tab_find), where the gather held the
- * for-loop back all the same: on Zen 4 the Scout recipe's step went
- * 2.24-2.60 -> 2.19-2.99 ms (2M params, one thread). Without the table,
- * AdamW bf16's for-loop bits, 16M params on two threads: 8.2-10.2 ->
- * 7.6-8.2 ms, where fused bits took 7.3-8.0. */
+ * for-loop back all the same (the step measured no faster with it there).
+ * Without the table it brings the for-loop's bits near the fused kernel's
+ * time (bench/results.md, "Measurements behind the emitters' choices"). */
 bool cvt_pays(const E *e, const Loop *lp) {
   const Graph *g = e->g;
   int n = 0;
@@ -59,11 +58,11 @@ LLVMValueRef round_bf16_cvt(E *e, Ref i, LLVMValueRef f) {
  * nothing between the two used elsewhere. The call then computes it once
  * for every bit pattern of tab_u, with the very code the loop would run,
  * into a table on its stack (tab_build), and the loop gathers it: a shift
- * and a vpgatherdd where that was ~20 vector ops and two divider ops.
- * Measured (64M params of the Scout's mix, 2 threads): 29.4 -> 25.5 ms a
- * step. The build, 4096 vectors of the cone, costs about what the table
- * saves on 128K elements: a call takes it from CPU_TABLE_MIN (codegen.h),
- * where 512K params on 2 threads were 5% faster. */
+ * and a vpgatherdd where that was ~20 vector ops and two divider ops. The
+ * build, 4096 vectors of the cone, costs about what the table saves on
+ * 128K elements: a call takes it from CPU_TABLE_MIN (codegen.h), twice
+ * that, where it measured faster (bench/results.md, "Measurements behind
+ * the emitters' choices"). */
 
 static bool tabulable(const Ins *x) {
   switch (x->op) {
@@ -80,10 +79,8 @@ void tab_find(E *e) {
   /* AVX-512 only: where AVX2's gathers are slow (Haswell, Zen 3) LLVM
    * makes scalar loads of them, and no AVX2 machine here measures it. Nor
    * on AMD's AVX-512 (Zen 4): a zmm vpgatherdd is ~32 cycles there, and
-   * runs beside nothing, so the loop that divides is the faster (Zen 4,
-   * AdamW bf16, 1M params, one thread: 3.29-4.06 -> 2.91-3.24 cycles per
-   * element; 16M on two threads, 8.8-10.4 -> 8.2-10.2 ms), and faster
-   * again with vcvtneps2bf16 (cvt_pays) */
+   * runs beside nothing, so the loop that divides is the faster, and
+   * faster again with vcvtneps2bf16 (cvt_pays; bench/results.md) */
   if (!e->avx512 || e->amd)
     return;
   uint8_t *cone = calloc((size_t)g->nins + 1, 2), *anc = cone + g->nins;
@@ -245,9 +242,8 @@ void tab_build(E *e, LLVMValueRef fn, LLVMValueRef chunks, LLVMValueRef nchunks)
  * (Loop.tie). Ties do occur: v * beta2 has 3062 with beta2 0.95, none
  * with 0.999; d + bf16(eps), a sum of two bf16, has them every step, so
  * sums are left out. Without AVX-512 (a hold is five ops there), and on
- * AMD's AVX-512, which has no table (tab_find) and where a hold is four:
- * AdamW bf16's for-loop bits on Zen 4, 1M params, one thread, 2.80-3.12
- * -> 2.31-2.54 cycles per element. Not on Intel's, unmeasured there: its
+ * AMD's AVX-512, which has no table (tab_find) and where a hold is four
+ * (bench/results.md has the gain). Not on Intel's, unmeasured there: its
  * large calls look the denominator up, which subsumes most of the holds.
  * Returns how many it found. */
 int tie_find(E *e) {
@@ -377,8 +373,8 @@ void tab_gather(E *e) {
  * iteration again the exact way from the same loaded vectors and handed-on
  * values: its stores are written again and what it hands on is the redo's.
  * One branch an iteration, after everything, so the fast pass is one block
- * for the scheduler (a branch at each rounding made the Zen 4 loop 25%
- * slower than no vcvtneps2bf16 at all). */
+ * for the scheduler: a branch at each rounding made the loop slower than
+ * no vcvtneps2bf16 at all. */
 void pipe_iter_cvt(E *e, LLVMValueRef fn, LLVMValueRef k, LLVMValueRef *h, LLVMValueRef *hr, const Loop *lp) {
   LLVMBuilderRef b = e->b;
   int ns = e->nstages, nx = e->ncross;

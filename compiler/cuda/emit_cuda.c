@@ -22,9 +22,8 @@
  * order in f64. The 8 lanes meet in shared memory, and numerics.h's
  * optc_lanes_combine makes the chunk's partial: the interpreter's bits.
  * A chain of 512 dependent adds is slow alone; with one chain per thread,
- * as many run at once as threads do (on an H200 the norm pass went from a
- * block per chunk, 8 of its 128 threads summing staged values, to memory
- * speed in fp32).
+ * as many run at once as threads do, and the norm pass reads at memory
+ * speed (bench/results.md, "Measurements behind the emitters' choices").
  *
  * Every op is the IEEE op the interpreter performs: NVRTC compiles with
  * --fmad=false --prec-div=true --prec-sqrt=true, f16 rounding and the

@@ -14,21 +14,13 @@
  * Data movement has no order to keep: all-gather, broadcast and barrier
  * are the library's (MPI_Allgather, MPI_Bcast, MPI_Barrier). optc's own
  * all-gather (each rank's block straight to every other rank) measured
- * within 5% of MPI_Allgather, either way, from 1 to 256 MB.
+ * as fast as MPI_Allgather (bench/results.md, "Collectives").
  *
- * Measured with bench/coll_bench.c on 2 ranks of a shared 2-core VM
- * (single-core memcpy 8.4 GB/s), f32, median ms (algbw GB/s); the 64 MB
- * all-gathers are from a second run, the first having been disturbed, and
- * runs while the machine was busy were up to 3x slower, in the same order:
- *                             64 MB          256 MB
- *   MPI_Reduce_scatter_block  64.7 (1.04)    237 (1.13)
- *   own pairwise              13.3 (5.05)    53.6 (5.01)
- *   MPI_Allgather             11.4 (5.87)    43.2 (6.22)
- *   own pairwise              11.2 (6.01)    42.7 (6.28)
  * Open MPI 4.1's MPI_Reduce_scatter_block is deterministic from run to run
  * (its algorithm is a fixed function of the world size and the count: the
  * benchmark sees the same bits twice), but its order is not rank order
- * from 3 ranks on, and it is 4-5x slower; it runs only when forced.
+ * from 3 ranks on, and it measured several times slower than the pairwise
+ * one (bench/results.md); it runs only when forced.
  *
  * Errors: the communicator returns them (MPI_ERRORS_RETURN), and each is
  * printed with file:line, the call and MPI_Error_string. A rank that dies
@@ -50,8 +42,9 @@
 #include <time.h>
 
 enum {
-  /* Per peer and pipeline stage of a reduce-scatter: 128 to 512 KB measured
-   * alike, 64 KB and 1 MB or more 2-4x slower (L2 is 1 MB here). */
+  /* Per peer and pipeline stage of a reduce-scatter: well inside L2 (1 MB
+   * here), and not so small that each message's cost shows; 128 to 512 KB
+   * measured alike (bench/results.md, "Collectives"). */
   CHUNK_BYTES = 256 << 10,
   PIECE_BYTES = 1 << 30,       /* the largest single message: MPI counts are int */
   SMALL_ALL_REDUCE = 64 << 10, /* gather-and-sum all-reduce up to size*count bytes */
@@ -262,9 +255,9 @@ static bool library_can(CollType t, int64_t count) {
 }
 
 /* The library's all-gather unless optc's own is forced (or the bytes are
- * beyond an int): the two measured within 5% of each other at 1 to 256 MB
- * on 2 ranks, and the library's has latency-bound algorithms for small
- * messages and many ranks. */
+ * beyond an int): the two measured alike (bench/results.md), and the
+ * library's has latency-bound algorithms for small messages and many
+ * ranks. */
 static bool ag_library(const Coll *c, int64_t count, CollType t) {
   return c->algo != COLL_ALGO_OWN && count * (int64_t)coll_type_size(t) <= INT_MAX;
 }

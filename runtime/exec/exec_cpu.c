@@ -154,10 +154,10 @@ static void run_range(void *ctx, int64_t lo, int64_t hi) {
 /* Whether any of n floats, as unsigned words of the type's width, has its
  * exponent field all ones (Inf or NaN). Written over 16-byte vectors, four
  * at a time, which every x86-64 CPU holds in registers (SSE2) even at -O2:
- * the pass is one read of the grads at memory speed. Reading alone, two
- * cores reach about half the in-place update's bandwidth (23-30 GB/s
- * against 45 here); a prefetch 512 elements ahead is worth ~15% of it
- * (256 MB: 11.4 -> 9.6 ms), and wider vectors nothing. */
+ * the pass is one read of the grads at memory speed. Reading alone, cores
+ * reach less of the memory's bandwidth than the in-place update does, so
+ * it prefetches 512 elements ahead; wider vectors gained nothing
+ * (bench/results.md, "Measurements behind the emitters' choices"). */
 #define NONFINITE_SCAN(name, T, V)                                                                 \
   static bool name(const T *p, int64_t n, T em) {                                                 \
     typedef T vec __attribute__((vector_size(16)));                                                \

@@ -36,9 +36,10 @@
  * (rows, V) logits fit in 2^25 elements (128 MiB), else a multiple of
  * L4_ROW_BLOCK (at Scout's V = 202048, 128 rows), so the logits never exist
  * for a large batch at once. lm_head's gradient sums over a block's rows
- * at once. Each block's GEMMs pack all of lm_head again: at 64 rows a
- * block the tiny Scout's step at Llama 4's vocabulary took 1.5x as long as
- * at 128 (256 was slower again: the logits no longer stay in cache). */
+ * at once. Each block's GEMMs pack all of lm_head again, so a block must
+ * not be small; nor so large that its logits leave the cache. 128 rows
+ * measured fastest (bench/results.md, "Measurements behind the emitters'
+ * choices"). */
 static size_t head_block_rows(size_t n, size_t V) {
   size_t r = ((size_t)1 << 25) / V;
   r = r < L4_ROW_BLOCK ? L4_ROW_BLOCK : r / L4_ROW_BLOCK * L4_ROW_BLOCK;
