@@ -9,15 +9,18 @@
 #
 # Every optc object goes into one archive, so each target links only the
 # objects it reaches:
-#   fuzz_ir           compiler: base ir parse verify print frontend yaml
-#                     pipeline passes/* layout lower interp (+ builtins.c)
+#   fuzz_ir           base/ (base.c yamltree.c), compiler/: ir parse verify
+#                     print frontend pipeline passes/* layout lower interp
+#                     (+ builtins.c)
 #   fuzz_recipe       the same
-#   fuzz_safetensors  runtime/safetensors.c + compiler/base.c ir.c
-#   fuzz_dataset      runtime/data.c (with hfdata.c, parquet.c) tokenizer.c
-#                     safetensors.c + the front end (yaml); jansson, pcre2
-#   fuzz_tokenizer    runtime/tokenizer.c + compiler/base.c; pcre2
-#   fuzz_api          api/optc.c + the whole engine: emit_llvm.c jit.c
-#                     exec_cpu.c, the CUDA stubs; LLVM 19
+#   fuzz_safetensors  runtime/io/safetensors.c + base/base.c
+#   fuzz_dataset      runtime/data/ (data.c hfdata.c parquet.c tokenizer.c)
+#                     + base/ (yamltree.c); jansson, pcre2
+#   fuzz_tokenizer    runtime/data/tokenizer.c + base/base.c; pcre2
+#   fuzz_api          api/optc.c + what liboptc holds: compiler/cpu (LLVM
+#                     19), compiler/cuda, runtime/exec/exec_cpu.c
+# The include path is every room's: the layers are meson.build's to check
+# (tests/layers.py).
 # Environment: CC (clang-19), FUZZ_CFLAGS (extra flags, e.g. -O2), JOBS.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
