@@ -37,9 +37,9 @@ ninja -C build
 
 # .venv/: torch from PyPI (several GB, installed once) and what the tests
 # that run torch beside optc need. The C suite never needs it.
-VENV_PKGS=("torch==2.15.*" numpy safetensors pytest pytest-timeout meson-python meson ninja)
+VENV_PKGS=("torch==2.15.*" numpy safetensors pytest meson-python meson ninja)
 venv() {
-  if ! { [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch, numpy, safetensors, pytest, pytest_timeout, mesonpy' 2>/dev/null; }; then
+  if ! { [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch, numpy, safetensors, pytest, mesonpy' 2>/dev/null; }; then
     echo "setup.sh: making .venv/ with ${VENV_PKGS[*]}"
     python3 -m venv .venv
     .venv/bin/pip install -q --upgrade pip
