@@ -4,7 +4,7 @@
  *
  * The CUDA C that emit_cuda.c writes for each program is compiled, as it
  * is, by the host C++ compiler (meson passes its own) with tests/cuda_emu.h
- * into a kernel module, and runtime/exec_cuda.c runs it through a
+ * into a kernel module, and runtime/exec/exec_cuda.c runs it through a
  * stand-in driver built from the same header (OPTC_LIBCUDA). So the
  * kernels' indexing, vector and tail paths, shared-memory staging,
  * barriers and lanes, and the executor's uploads, launches and folds are

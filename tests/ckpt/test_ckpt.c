@@ -1,4 +1,4 @@
-/* test_ckpt.c: HF checkpoint directories (runtime/ckpt.c).
+/* test_ckpt.c: HF checkpoint directories (runtime/io/ckpt.c).
  *   - torchtune's filename_format expansion, and its mistakes;
  *   - huggingface_hub's sizes ("5GB") and its shard grouping;
  *   - a sharded directory written, its index, and read back through the
