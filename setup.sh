@@ -72,8 +72,14 @@ case "${1:-}" in
     venv
     rc=0
     meson test -C build --print-errorlogs --num-processes 2 || rc=$?
+    # pytest.rc: its exit status and when it started, so that tests/summary.py
+    # counts a pytest that crashed before writing pytest.xml as a failure
+    rm -f build/pytest.xml build/pytest.rc
+    start=$(date +%s.%N) prc=0
     OPTC_BUILD=$PWD/build .venv/bin/python -m pytest tests/torch -q -p no:cacheprovider \
-      --junitxml=build/pytest.xml || rc=$?
+      --timeout=900 --junitxml=build/pytest.xml || prc=$?
+    echo "$prc $start" > build/pytest.rc
+    [ $prc -eq 0 ] || rc=$prc
     python3 tests/summary.py build || rc=1
     exit $rc
     ;;

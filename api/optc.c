@@ -9,7 +9,7 @@
 #include "gpu.h"
 #include "passes.h"
 #include "plan.h"
-#include "rt.h"
+#include "exec.h"
 
 #include <math.h>
 #include <string.h>

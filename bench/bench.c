@@ -22,8 +22,11 @@
  * spread over the rounds. The workload is the tensor-size mix of the
  * recipe's model (Scout's by default), scaled to --params elements, at least
  * 1 GiB of buffers by default so that no cache holds it. */
-#include "../compiler/passes.h"
-#include "../runtime/rt.h"
+#include "passes.h"
+#include "bench.h"
+
+#include "args.h"
+#include "tools.h"
 #include "fused_ref.h"
 
 #include <jansson.h>
@@ -285,7 +288,7 @@ static void fill_range(void *ctx, int64_t lo, int64_t hi) {
 
 /* The model's tensor sizes (torchtune's layout, which its FSDP shards),
  * scaled to about n elements in all, each at least 1. */
-static int64_t *scaled_mix(const ModelConfig *m, int64_t n, int *count) {
+static int64_t *scaled_mix(const L4Config *m, int64_t n, int *count) {
   InvTensor *inv;
   int k = inventory_tensors(m, true, &inv);
   double total = 0;
@@ -467,49 +470,30 @@ int bench_optimizer(int argc, char **argv) {
   int64_t nparams = 0;
   int threads = 0, reps = 5;
   bool clip = false;
-  for (int i = 0; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+  Args p;
+  args_init(&p, "optc bench optimizer", argc, argv);
+  const char *v;
+  while (args_next(&p)) {
+    if (args_help(&p)) {
       fputs(usage, stdout);
       return 0;
-    } else if (!strcmp(a, "--clip")) {
+    } else if (args_flag(&p, "--clip")) {
       clip = true;
-    } else if (v && !strcmp(a, "--config")) {
-      config = v, i++;
-    } else if (v && !strcmp(a, "--layout")) {
-      layout = v, i++;
-    } else if (v && !strcmp(a, "--json")) {
-      json_path = v, i++;
-    } else if (v && !strcmp(a, "--plot")) {
-      plot_path = v, i++;
-    } else if (v && !strcmp(a, "--cpu")) {
-      cpu_name = v, i++;
-    } else if (v && !strcmp(a, "--strategies")) {
-      strategies = v, i++;
-    } else if (v && !strcmp(a, "--params")) {
-      nparams = parse_count(v), i++;
-      if (nparams < 1) {
-        error("--params needs a positive count, like 64M");
-        return 2;
-      }
-    } else if (v && !strcmp(a, "--threads")) {
-      threads = atoi(v), i++;
-      if (threads < 1) {
-        error("--threads needs a positive number");
-        return 2;
-      }
-    } else if (v && !strcmp(a, "--reps")) {
-      reps = atoi(v), i++;
-      if (reps < 1) {
-        error("--reps needs a positive number");
-        return 2;
+    } else if (args_value(&p, "--config", &config) || args_value(&p, "--layout", &layout) ||
+               args_value(&p, "--json", &json_path) || args_value(&p, "--plot", &plot_path) ||
+               args_value(&p, "--cpu", &cpu_name) || args_value(&p, "--strategies", &strategies) ||
+               args_int(&p, "--threads", 1, 1024, &threads) || args_int(&p, "--reps", 1, 1000000, &reps)) {
+    } else if (args_value(&p, "--params", &v)) {
+      if (v && (nparams = parse_count(v)) < 1) {
+        error("--params needs a positive count, like 64M, not '%s'", v);
+        p.rc = 2;
       }
     } else {
-      error("unknown option '%s' (see optc bench optimizer --help)", a);
-      return 2;
+      args_unknown(&p);
     }
   }
+  if (p.rc)
+    return p.rc;
   const char *dtype = "fp32", *states = NULL;
   if (layout) {
     if (!strcmp(layout, "fp32"))
@@ -558,7 +542,10 @@ int bench_optimizer(int argc, char **argv) {
   static const char default_recipe[] =
       "optimizer:\n  _component_: torch.optim.AdamW\n  lr: 2e-5\n  fused: False\ndtype: fp32\n"
       "model:\n  _component_: torchtune.models.llama4.llama4_scout_17b_16e\n";
-  Recipe *r = config ? recipe_load(config, ov, nov, arena) : recipe_from_text("<bench>", default_recipe, ov, nov, arena);
+  TrainConfig tc;
+  Recipe *r = config ? recipe_open(config, ov, nov, arena, &tc) : recipe_from_text("<bench>", default_recipe, ov, nov, arena);
+  if (r && !config && train_config_read(r, &tc) != 0)
+    r = NULL;
   if (!r) {
     arena_free(arena);
     return 1;
@@ -574,11 +561,7 @@ int bench_optimizer(int argc, char **argv) {
     arena_free(arena);
     return 1;
   }
-  ModelConfig model = r->model;
-  if (!r->has_model) { /* no model: Scout's mix */
-    Recipe *scout = recipe_from_text("<bench>", default_recipe, NULL, 0, arena);
-    model = scout->model;
-  }
+  L4Config model = tc.has_model ? tc.model : l4_config_scout(); /* no model: Scout's mix */
   int bytes_per_buffer_elem = 0;
   for (int b = 0; b < g->nbufs; b++)
     bytes_per_buffer_elem += type_size(g->bufs[b].type);

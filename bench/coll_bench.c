@@ -16,6 +16,8 @@
 #include "base.h"
 #include "coll.h"
 
+#include "args.h"
+
 #include <string.h>
 
 enum { MAX_ITERS = 20 };
@@ -100,8 +102,15 @@ int main(int argc, char **argv) {
   int N = coll_size(c), me = coll_rank(c);
   int64_t mbs[16];
   int nsizes = 0;
-  for (int i = 1; i < argc && nsizes < 16; i++)
-    mbs[nsizes++] = atoll(argv[i]);
+  for (int i = 1; i < argc && nsizes < 16; i++) {
+    long mb;
+    if (!parse_long(argv[i], 1, 1 << 20, &mb)) {
+      error("coll_bench: a size is a whole number of MB from 1 to %d, not '%s'", 1 << 20, argv[i]);
+      coll_free(c);
+      return 2;
+    }
+    mbs[nsizes++] = mb;
+  }
   if (nsizes == 0)
     mbs[nsizes++] = 64, mbs[nsizes++] = 256;
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """optc's eager backend against torch's own for-loop, on the same tensors.
 
-optc's eager executor (runtime/eager.c) is the baseline that `optc bench`
+optc's eager executor (runtime/exec/eager.c) is the baseline that `optc bench`
 and `compile.optimizer_step: false` show, and stands for torch's
 `_single_tensor_adamw`: torch.optim.AdamW(foreach=False) on the CPU. This
 times both in one run, round after round (the machine is shared, so they

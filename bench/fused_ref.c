@@ -7,7 +7,7 @@
  * bit-identical with, the interpreter's. */
 #include "fused_ref.h"
 
-#include "../compiler/numerics.h"
+#include "numerics.h"
 
 #include <math.h>
 

@@ -15,9 +15,11 @@
  * ceiling a streaming step can reach. --threads, --red-threads,
  * --red-lanes and --min-blocks set the emitter's launch shape
  * (CudaTarget), to compare shapes on one device (bench/gpu_shapes.sh). */
-#include "../compiler/gpu.h"
-#include "../compiler/passes.h"
-#include "../runtime/rt.h"
+#include "exec.h"
+#include "passes.h"
+#include "group.h"
+
+#include "args.h"
 
 #include <math.h>
 #include <string.h>
@@ -87,31 +89,25 @@ int main(int argc, char **argv) {
   bool clip = true;
   int reps = 10;
   CudaTarget shape = {.no_cache = true};
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--params") && i + 1 < argc)
-      params = (int64_t)strtod(argv[++i], NULL);
-    else if (!strcmp(argv[i], "--layout") && i + 1 < argc)
-      layout = argv[++i];
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-      reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--json") && i + 1 < argc)
-      json = argv[++i];
-    else if (!strcmp(argv[i], "--no-clip"))
+  Args p;
+  args_init(&p, "gpu_bench", argc - 1, argv + 1);
+  long nparams = params;
+  while (args_next(&p)) {
+    if (args_long(&p, "--params", 1, (long)1 << 40, &nparams) || args_value(&p, "--layout", &layout) ||
+        args_int(&p, "--reps", 1, 1000000, &reps) || args_value(&p, "--json", &json) ||
+        args_int(&p, "--threads", 0, 1024, &shape.threads) || args_int(&p, "--red-threads", 0, 1024, &shape.red_threads) ||
+        args_int(&p, "--red-lanes", 0, 8, &shape.red_lanes) || args_int(&p, "--min-blocks", 0, 64, &shape.min_blocks)) {
+    } else if (args_flag(&p, "--no-clip")) {
       clip = false;
-    else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
-      shape.threads = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--red-threads") && i + 1 < argc)
-      shape.red_threads = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--red-lanes") && i + 1 < argc)
-      shape.red_lanes = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--min-blocks") && i + 1 < argc)
-      shape.min_blocks = atoi(argv[++i]);
-    else {
+    } else {
       fprintf(stderr, "usage: gpu_bench [--params N] [--layout fp32|bf16|bf16-fp32states] [--no-clip] [--reps N] "
                       "[--json FILE] [--threads N] [--red-threads N] [--red-lanes N] [--min-blocks N]\n");
       return 2;
     }
   }
+  if (p.rc)
+    return p.rc;
+  params = nparams;
   char why[256], desc[256];
   if (!cuda_nvrtc_available(why, sizeof why) || !cuda_device_available(why, sizeof why)) {
     fprintf(stderr, "gpu_bench: %s\n", why);

@@ -103,28 +103,32 @@ else
     LIBS+=("${LLVM_LIBS[@]}")
   fi
   VERSION=$(sed -n "s/^ *version: '\([^']*\)'.*/\1/p" meson.build | head -1)
-  CFLAGS=(-std=c11 -O2 -g -D_GNU_SOURCE "-DOPTC_VERSION=\"$VERSION\"" -ffp-contract=off -Icompiler -Iruntime -Iruntime/model)
+  CFLAGS=(-std=c11 -O2 -g -D_GNU_SOURCE "-DOPTC_VERSION=\"$VERSION\"" -ffp-contract=off
+    -Ibase -Icompiler -Icompiler/cpu -Icompiler/cuda -Iruntime/exec -Iinclude -Iruntime/io -Iruntime/group
+    -Iruntime/model -Iruntime/data -Iruntime/dist -Iruntime/train -Itools)
   EXTRA=()
   SYMS=$(nm build/liboptc_core.a 2>/dev/null || true)
   if grep -q ' T cuda_compile$' <<< "$SYMS" && ! grep -q ' U nvrtcCompileProgram$' <<< "$SYMS"; then
     die "build/ has the GPU backend without NVRTC: meson configure build -Dcuda=enabled -Dtoolkit_dir=$CUDA_HOME"
   fi
   if ! grep -q ' T cuda_compile$' <<< "$SYMS"; then
-    echo "building emit_cuda.c, nvrtc.c, exec_cuda.c here (liboptc_core.a does not have them yet)"
+    echo "building emit_cuda.c, nvrtc.c, driver.c, exec_cuda.c here (liboptc_core.a does not have them yet)"
     "$PYTHON" -c 'import sys, json; t = open(sys.argv[1]).read(); open(sys.argv[2], "w").write(
   "/* generated from compiler/numerics.h */\nconst char optc_numerics_h[] = " + json.dumps(t) + ";\n")' \
       compiler/numerics.h "$OUT/numerics_h.c"
     cc "${CFLAGS[@]}" -c "$OUT/numerics_h.c" -o "$OUT/numerics_h.o"
-    cc "${CFLAGS[@]}" -c compiler/emit_cuda.c -o "$OUT/emit_cuda.o"
-    cc "${CFLAGS[@]}" -DOPTC_HAVE_NVRTC -isystem "$CUDA_HOME/include" -c compiler/nvrtc.c -o "$OUT/nvrtc.o"
-    cc "${CFLAGS[@]}" -c runtime/exec_cuda.c -o "$OUT/exec_cuda.o"
-    EXTRA=("$OUT/numerics_h.o" "$OUT/emit_cuda.o" "$OUT/nvrtc.o" "$OUT/exec_cuda.o")
+    cc "${CFLAGS[@]}" -c compiler/cuda/emit_cuda.c -o "$OUT/emit_cuda.o"
+    cc "${CFLAGS[@]}" -DOPTC_HAVE_NVRTC -isystem "$CUDA_HOME/include" -c compiler/cuda/nvrtc.c -o "$OUT/nvrtc.o"
+    cc "${CFLAGS[@]}" -c compiler/cuda/driver.c -o "$OUT/driver.o"
+    cc "${CFLAGS[@]}" -c runtime/exec/exec_cuda.c -o "$OUT/exec_cuda.o"
+    EXTRA=("$OUT/numerics_h.o" "$OUT/emit_cuda.o" "$OUT/nvrtc.o" "$OUT/driver.o" "$OUT/exec_cuda.o")
   fi
   GPU_BENCH=build/gpu_bench
   [ -x "$GPU_BENCH" ] || GPU_BENCH=build/bench/gpu_bench
   if [ ! -x "$GPU_BENCH" ]; then
     GPU_BENCH=$OUT/gpu_bench
-    cc "${CFLAGS[@]}" bench/gpu_bench.c ${EXTRA[@]+"${EXTRA[@]}"} build/liboptc_core.a "${LIBS[@]}" -o "$GPU_BENCH"
+    cc "${CFLAGS[@]}" bench/gpu_bench.c tools/args.c ${EXTRA[@]+"${EXTRA[@]}"} build/liboptc_core.a "${LIBS[@]}" \
+      -o "$GPU_BENCH"
   fi
 
 fi

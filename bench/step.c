@@ -1,9 +1,12 @@
 /* step.c: `optc bench step`: the whole training step of a recipe, with the
  * optimizer compiled and with it eager, in one run: tokens per second
  * side by side, the loss curve's start and end, and where the time of a
- * step goes (forward and backward, collectives, optimizer). */
-#include "../runtime/coll.h"
-#include "../runtime/rt.h"
+ * step goes (forward and backward, collectives, optimizer). It fails when
+ * any run's loss at any step differs from the first run's. */
+#include "bench.h"
+
+#include "args.h"
+#include "tools.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -20,7 +23,11 @@ static const char usage[] =
     "N (N ranks under mpirun, FSDP) also the units' all-gathers and\n"
     "reduce-scatters: their time and what of it the model waited for, and,\n"
     "with optimizer_in_bwd=true, the optimizer's time hidden behind the\n"
-    "backward. No checkpoints or metrics files are written.\n";
+    "backward. No checkpoints or metrics files are written.\n"
+    "\n"
+    "Every run's loss at every step must be the same bits (the compiled step\n"
+    "is torch eager's arithmetic): the first difference is printed, and the\n"
+    "command fails.\n";
 
 static int write_text(FILE *f, void *ctx) { return fputs(ctx, f) < 0 ? -1 : 0; }
 
@@ -31,48 +38,31 @@ int bench_step(int argc, char **argv) {
   bool mpi_rank = false; /* one of --nproc's ranks, started by mpirun */
   const char **ov = calloc((size_t)argc + 2, sizeof(char *));
   int nov = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+  Args p;
+  args_init(&p, "optc bench step", argc, argv);
+  int ignored;
+  while (args_next(&p)) {
+    const char *a = p.a;
+    if (args_help(&p)) {
       fputs(usage, stdout);
       free(ov);
       return 0;
-    } else if (v && !strcmp(a, "--config")) {
-      config = v, i++;
-    } else if (!strcmp(a, "--mpi-rank")) {
+    } else if (args_flag(&p, "--mpi-rank")) {
       mpi_rank = true;
-    } else if (v && !strcmp(a, "--threads")) {
-      i++; /* the launcher passes it; the trainer divides the cores itself */
-    } else if (v && !strcmp(a, "--nproc")) {
-      nproc = atoi(v), i++;
-      if (nproc < 1 || nproc > 4096) {
-        error("--nproc needs a whole number from 1 to 4096");
-        free(ov);
-        return 2;
-      }
-    } else if (v && !strcmp(a, "--json")) {
-      json_path = v, i++;
-    } else if (v && !strcmp(a, "--reps")) {
-      reps = atoi(v), i++;
-      if (reps < 1) {
-        error("--reps needs a positive number");
-        free(ov);
-        return 2;
-      }
-    } else if (v && !strcmp(a, "--steps")) {
-      steps = atol(v), i++;
-      if (steps < 1) {
-        error("--steps needs a positive number");
-        free(ov);
-        return 2;
-      }
-    } else if (a[0] == '~' || (strchr(a, '=') && a[0] != '-')) {
+    } else if (args_int(&p, "--threads", 1, 1024, &ignored)) {
+      /* the launcher passes it; the trainer divides the cores itself */
+    } else if (args_value(&p, "--config", &config) || args_value(&p, "--json", &json_path) ||
+               args_int(&p, "--nproc", 1, 4096, &nproc) || args_int(&p, "--reps", 1, 16, &reps) ||
+               args_long(&p, "--steps", 1, INT32_MAX, &steps)) {
+    } else if (args_is_override(a)) {
       ov[nov++] = a;
     } else {
-      error("unknown option '%s' (see optc bench step --help)", a);
-      free(ov);
-      return 2;
+      args_unknown(&p);
     }
+  }
+  if (p.rc) {
+    free(ov);
+    return p.rc;
   }
   if (!config) {
     error("bench step needs --config CONFIG");
@@ -94,25 +84,51 @@ int bench_step(int argc, char **argv) {
   /* The machine's noise moves whole runs: alternate the two, keep the median. */
   TrainResult all[2][16] = {{{0}}};
   reps = MIN(reps, 16);
+  /* every run's loss at every step: all of them must be the same bits */
+  double *losses = calloc((size_t)(2 * reps) * (size_t)steps, sizeof(double));
+  ASSERT(losses);
   const char *name[2] = {"compiled", "eager"};
   int rc = 0;
   for (int rep = 0; rep < reps && rc == 0; rep++)
     for (int k = 0; k < 2 && rc == 0; k++) {
       ov[nov] = k == 0 ? "compile.optimizer_step=true" : "compile.optimizer_step=false";
       Arena *arena = arena_new();
-      Recipe *r = recipe_load(config, ov, nov + 1, arena);
+      TrainConfig tc;
+      Recipe *r = recipe_open(config, ov, nov + 1, arena, &tc);
       if (talk)
         fprintf(stderr, "\n== %s optimizer, run %d of %d\n", name[k], rep + 1, reps);
       TrainOptions to = {.steps = steps, .bench = true, .eval = rep == 0, .quiet = !talk};
-      if (!r || train_run(r, coll, &to, &all[k][rep]) != 0)
+      all[k][rep].losses = losses + (size_t)(2 * rep + k) * (size_t)steps;
+      all[k][rep].max_losses = (int)steps;
+      if (!r || train_run(&tc, coll, &to, &all[k][rep]) != 0)
         rc = 1;
       arena_free(arena);
     }
   int world = coll_size(coll);
   coll_free(coll);
   free(ov);
-  if (rc != 0 || !talk)
+  if (rc != 0 || !talk) {
+    free(losses);
     return rc;
+  }
+  /* The first run's losses against every other run's, step by step. */
+  const TrainResult *ref = &all[0][0];
+  const char *differs = NULL;
+  int diff_rep = 0;
+  long diff_step = 0;
+  for (int rep = 0; rep < reps && !differs; rep++)
+    for (int k = 0; k < 2 && !differs; k++) {
+      const TrainResult *t = &all[k][rep];
+      if (t->nlosses != ref->nlosses || t->nlosses != (int)ref->steps) {
+        differs = name[k], diff_rep = rep, diff_step = -1;
+        break;
+      }
+      for (int s = 0; s < t->nlosses; s++)
+        if (memcmp(&t->losses[s], &ref->losses[s], sizeof(double)) != 0) {
+          differs = name[k], diff_rep = rep, diff_step = s + 1;
+          break;
+        }
+    }
   TrainResult res[2];
   for (int k = 0; k < 2; k++) {
     /* the run with the median tokens/s, with the first run's held-out losses */
@@ -159,7 +175,17 @@ int bench_step(int argc, char **argv) {
            : !res[0].units.threaded           ? "its work in the backward ran on the model's thread"
                                               : "its work in the backward, beside it");
   }
-  printf("  (the two runs' losses are %s)\n", res[0].last_loss == res[1].last_loss ? "identical, bit for bit" : "DIFFERENT");
+  if (!differs)
+    printf("  (every run's loss at each of its %d steps is the same, bit for bit)\n", ref->nlosses);
+  else if (diff_step < 0)
+    printf("  DIFFERENT: the %s run %d logged %d losses, the first compiled run %d of %ld steps\n", differs,
+           diff_rep + 1, all[differs == name[0] ? 0 : 1][diff_rep].nlosses, ref->nlosses, ref->steps);
+  else
+    printf("  DIFFERENT: the %s run %d's loss at step %ld is %.17g, the first compiled run's %.17g\n", differs,
+           diff_rep + 1, diff_step, all[differs == name[0] ? 0 : 1][diff_rep].losses[diff_step - 1],
+           ref->losses[diff_step - 1]);
+  if (differs)
+    rc = 1;
   if (json_path) {
     json_t *o = json_pack("{s:s, s:i, s:I, s:[]}", "config", config, "nproc", world, "steps", (json_int_t)res[0].steps,
                           "results");
@@ -174,9 +200,11 @@ int bench_step(int argc, char **argv) {
                                       unit_ms[k][1], "optimizer_hidden_ms", hidden_ms[k]));
     json_object_set_new(o, "speedup", json_real(res[0].tokens_per_second / res[1].tokens_per_second));
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    rc = file_write_atomic_with(json_path, write_text, text) ? 1 : 0;
+    if (file_write_atomic_with(json_path, write_text, text) != 0)
+      rc = 1;
     free(text);
     json_decref(o);
   }
+  free(losses);
   return rc;
 }

@@ -22,13 +22,6 @@ bool cache_enabled(void) {
   return !(v && (!strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "false")));
 }
 
-static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
-  const unsigned char *s = p;
-  for (size_t i = 0; i < n; i++)
-    h = (h ^ s[i]) * 1099511628211ull;
-  return h;
-}
-
 /* splitmix64's finaliser: spreads an FNV hash over all 64 bits. */
 static uint64_t mix64(uint64_t x) {
   x ^= x >> 30;
@@ -38,7 +31,7 @@ static uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-static uint64_t checksum(const void *p, size_t n) { return mix64(fnv1a(p, n, 0xcbf29ce484222325ull)); }
+static uint64_t checksum(const void *p, size_t n) { return mix64(fnv1a(p, n, FNV1A_BASIS)); }
 
 static char *cache_dir(void) {
   const char *xdg = getenv("XDG_CACHE_HOME");
@@ -54,18 +47,6 @@ static char *cache_dir(void) {
   return dir;
 }
 
-static void mkdir_p(const char *dir) {
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s", dir);
-  for (char *p = tmp + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      mkdir(tmp, 0755);
-      *p = '/';
-    }
-  mkdir(tmp, 0755);
-}
-
 void cache_mkdir(void) {
   char *dir = cache_dir();
   mkdir_p(dir);
@@ -75,7 +56,7 @@ void cache_mkdir(void) {
 char *cache_path(const char *kind, const char *key) {
   char *dir = cache_dir();
   size_t n = strlen(key);
-  uint64_t a = mix64(fnv1a(key, n, 0xcbf29ce484222325ull));
+  uint64_t a = mix64(fnv1a(key, n, FNV1A_BASIS));
   uint64_t b = mix64(fnv1a(key, n, 0x84222325cbf29ce4ull) ^ n);
   char *path = malloc(strlen(dir) + 64 + strlen(kind));
   ASSERT(path);

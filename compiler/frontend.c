@@ -12,7 +12,6 @@
 #include <math.h>
 #include <string.h>
 #include <strings.h>
-#include <unistd.h>
 
 /* ---- built-in optimizers --------------------------------------------------- */
 
@@ -68,11 +67,6 @@ static const BuiltinOptimizer *find_builtin(const char *name) {
   return NULL;
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), m = strlen(suffix);
-  return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
 /* Loads an .optir body: a built-in by name, or a file by path. */
 static Graph *load_body(const char *name, Arena *a) {
   SrcFile *src = arena_alloc(a, sizeof(SrcFile));
@@ -100,14 +94,6 @@ static Graph *load_body(const char *name, Arena *a) {
 Graph *optir_load(const char *path, Arena *a) { return load_body(path, a); }
 
 /* ---- recipe schema ----------------------------------------------------------- */
-
-typedef enum { K_ANY, K_STR, K_INT, K_INT_OR_NULL, K_NUM_OR_NULL, K_BOOL, K_MAP, K_MAP_OR_NULL,
-               K_SEQ, K_BOOL_OR_MAP, K_MAP_OR_SEQ } KeyKind;
-
-typedef struct {
-  const char *key;
-  KeyKind kind;
-} KeySpec;
 
 /* Every top-level key a recipe may have: torchtune's full_finetune_distributed
  * keys, and optc's own (marked). Sections read by the training runtime are
@@ -248,84 +234,6 @@ void recipe_note_unused(const Recipe *r) {
   buf_free(&b);
 }
 
-static const char *kind_desc(KeyKind k) {
-  switch (k) {
-  case K_STR: return "a string";
-  case K_INT: return "an integer";
-  case K_INT_OR_NULL: return "an integer or null";
-  case K_NUM_OR_NULL: return "a number or null";
-  case K_BOOL: return "true or false";
-  case K_MAP: return "a mapping";
-  case K_MAP_OR_NULL: return "a mapping or null";
-  case K_SEQ: return "a list";
-  case K_BOOL_OR_MAP: return "true, false or a mapping";
-  case K_MAP_OR_SEQ: return "a mapping or a list";
-  case K_ANY: return "anything";
-  }
-  return "?";
-}
-
-/* An integer as the key check takes it: its spelling, even past a long, so
- * that where the key is read its range is what the message names. */
-static bool is_int(const YamlNode *n, const char *key) {
-  long l;
-  const char *d = n->kind == YAML_SCALAR && n->plain ? n->str + (n->str[0] == '-' || n->str[0] == '+') : "";
-  return (*d && strspn(d, "0123456789") == strlen(d)) || yaml_int(n, key, &l);
-}
-
-static bool check_kind(const YamlNode *n, const char *key, KeyKind k) {
-  double d;
-  bool b;
-  switch (k) {
-  case K_ANY: return true;
-  case K_STR: return yaml_string(n, key, &(const char *){0});
-  case K_INT: return is_int(n, key);
-  case K_INT_OR_NULL: return yaml_is_null(n) || is_int(n, key);
-  case K_NUM_OR_NULL: return yaml_is_null(n) || yaml_double(n, key, &d);
-  case K_BOOL: return yaml_bool(n, key, &b);
-  case K_MAP:
-  case K_MAP_OR_NULL:
-  case K_SEQ:
-  case K_BOOL_OR_MAP:
-  case K_MAP_OR_SEQ: {
-    bool ok = (n->kind == YAML_MAP && k != K_SEQ) || (n->kind == YAML_SEQ && (k == K_SEQ || k == K_MAP_OR_SEQ)) ||
-              (n->kind == YAML_NULL && k == K_MAP_OR_NULL);
-    if (k == K_BOOL_OR_MAP && n->kind == YAML_SCALAR)
-      return yaml_bool(n, key, &b);
-    if (!ok)
-      error_at(n->pos, "%s: expected %s", key, kind_desc(k));
-    return ok;
-  }
-  }
-  return false;
-}
-
-static void list_keys(Buf *b, const KeySpec *keys, int n) {
-  for (int i = 0; i < n; i++)
-    buf_printf(b, "%s%s", i ? ", " : "", keys[i].key);
-}
-
-/* Checks each key of map against the table; `where` prefixes messages. */
-static bool check_keys(const YamlNode *map, const KeySpec *keys, int nkeys, const char *where) {
-  for (int i = 0; i < map->n; i++) {
-    int k = 0;
-    while (k < nkeys && strcmp(keys[k].key, map->keys[i]) != 0)
-      k++;
-    char path[256];
-    snprintf(path, sizeof path, "%s%s%s", where, *where ? "." : "", map->keys[i]);
-    if (k == nkeys) {
-      Buf b = {0};
-      list_keys(&b, keys, nkeys);
-      error_at(map->key_pos[i], "unknown key '%s'; expected one of: %s", path, b.data);
-      buf_free(&b);
-      return false;
-    }
-    if (!check_kind(map->items[i], path, keys[k].kind))
-      return false;
-  }
-  return true;
-}
-
 static bool parse_dtype(const YamlNode *n, const char *what, Type *out) {
   const char *s;
   if (!yaml_string(n, what, &s))
@@ -340,233 +248,6 @@ static bool parse_dtype(const YamlNode *n, const char *what, Type *out) {
       return *out = names[i].t, true;
   error_at(n->pos, "%s: unknown dtype '%s'; expected fp32, bf16 or fp16", what, s);
   return false;
-}
-
-/* ---- the model section ------------------------------------------------------- */
-
-static const KeySpec model_keys[] = {
-    {"_component_", K_STR}, {"vocab_size", K_INT}, {"num_layers", K_INT}, {"num_heads", K_INT},
-    {"num_kv_heads", K_INT}, {"embed_dim", K_INT}, {"head_dim", K_INT}, {"hidden_dim", K_INT},
-    {"shared_hidden_dim", K_INT}, {"num_experts", K_INT}, {"experts_per_token", K_INT},
-    {"use_shared_expert", K_BOOL}, {"use_qk_norm", K_BOOL}, {"skip_rope_interval", K_INT},
-    {"moe_every_n_layers", K_INT}, {"attention_chunk_size", K_INT}, {"max_seq_len", K_INT},
-    {"rope_base", K_ANY}, {"rope_scale_factor", K_ANY}, {"rope_low_freq_factor", K_ANY},
-    {"rope_high_freq_factor", K_ANY}, {"rope_old_context_len", K_INT}, {"norm_eps", K_ANY},
-    {"tie_word_embeddings", K_BOOL}, {"attn_dropout", K_ANY}, {"mlp_hidden_dim", K_INT},
-    {"use_scaled_rope", K_BOOL},
-    /* the builders' trainability and vision flags: the text decoder trains either way */
-    {"decoder_trainable", K_ANY}, {"encoder_trainable", K_ANY}, {"fusion_trainable", K_ANY}, {"image_size", K_ANY},
-};
-
-/* Llama 4 Scout 17B-16E's text decoder, as torchtune's llama4_scout_17b_16e
- * and HF's Llama4TextConfig give it. */
-static const ModelConfig scout_dims = {
-    .component = "torchtune.models.llama4.llama4_scout_17b_16e",
-    .vocab_size = 202048, .num_layers = 48, .num_heads = 40, .num_kv_heads = 8, .embed_dim = 5120,
-    .head_dim = 128, .hidden_dim = 8192, .shared_hidden_dim = 8192, .num_experts = 16,
-    .experts_per_token = 1, .use_shared_expert = true, .use_qk_norm = true,
-    .skip_rope_interval = 4, .moe_every_n_layers = 1, .attention_chunk_size = 8192,
-    .max_seq_len = 10485760, .rope_base = 500000, .rope_scale_factor = 16,
-    .rope_low_freq_factor = 1, .rope_high_freq_factor = 1, .rope_old_context_len = 8192,
-    .norm_eps = 1e-5, .tie_word_embeddings = false, .use_scaled_rope = true,
-};
-
-/* Llama 4 Maverick 17B-128E's, as torchtune's llama4_maverick_17b_128e:
- * MoE in every second layer (128 experts), dense SwiGLU layers of 16384
- * in between, no QK-norm, RoPE unscaled. */
-static const ModelConfig maverick_dims = {
-    .component = "torchtune.models.llama4.llama4_maverick_17b_128e",
-    .vocab_size = 202048, .num_layers = 48, .num_heads = 40, .num_kv_heads = 8, .embed_dim = 5120,
-    .head_dim = 128, .hidden_dim = 8192, .shared_hidden_dim = 8192, .num_experts = 128,
-    .experts_per_token = 1, .use_shared_expert = true, .use_qk_norm = false,
-    .skip_rope_interval = 4, .moe_every_n_layers = 2, .mlp_hidden_dim = 16384, .attention_chunk_size = 8192,
-    .max_seq_len = 1048576, .rope_base = 500000, .rope_scale_factor = 16,
-    .rope_low_freq_factor = 1, .rope_high_freq_factor = 1, .rope_old_context_len = 8192,
-    .norm_eps = 1e-5, .tie_word_embeddings = false, .use_scaled_rope = false,
-};
-
-typedef struct {
-  const char *key;
-  size_t off;
-  bool is_double, is_bool;
-} ModelField;
-
-#define MF(k, d, b) {#k, offsetof(ModelConfig, k), d, b}
-static const ModelField model_fields[] = {
-    MF(vocab_size, 0, 0), MF(num_layers, 0, 0), MF(num_heads, 0, 0), MF(num_kv_heads, 0, 0),
-    MF(embed_dim, 0, 0), MF(head_dim, 0, 0), MF(hidden_dim, 0, 0), MF(shared_hidden_dim, 0, 0),
-    MF(num_experts, 0, 0), MF(experts_per_token, 0, 0), MF(use_shared_expert, 0, 1),
-    MF(use_qk_norm, 0, 1), MF(skip_rope_interval, 0, 0), MF(moe_every_n_layers, 0, 0),
-    MF(attention_chunk_size, 0, 0), MF(max_seq_len, 0, 0), MF(rope_base, 1, 0),
-    MF(rope_scale_factor, 1, 0), MF(rope_low_freq_factor, 1, 0), MF(rope_high_freq_factor, 1, 0),
-    MF(rope_old_context_len, 0, 0), MF(norm_eps, 1, 0), MF(tie_word_embeddings, 0, 1),
-    MF(mlp_hidden_dim, 0, 0), MF(use_scaled_rope, 0, 1),
-};
-#undef MF
-
-/* Limits on the model block: each dim an int (the model's L4Config), at most
- * MODEL_MAX_LAYERS layers, real-valued keys finite, and at most 2^48
- * parameters in all, so that every tensor's numel, their sum and the bytes
- * of any buffer of them are exact in int64. */
-#define MODEL_MAX_LAYERS 4096
-#define MODEL_MAX_REAL 1e30
-#define MODEL_MAX_PARAMS ((double)((int64_t)1 << 48))
-
-/* Where a message about key k (else k2) of the model section points: at its
- * value when the recipe gives it, else at the section. */
-static SrcPos model_pos(const YamlNode *n, const char *k, const char *k2) {
-  const YamlNode *v = yaml_get(n, k);
-  if (!v && k2)
-    v = yaml_get(n, k2);
-  return v ? v->pos : n->pos;
-}
-
-/* The parameter count, as inventory.c lays the tensors out, in doubles (which
- * cannot overflow at these dims): two V x D embeddings, and per layer the
- * attention, two norms and a MoE (router, E experts of 3 D x H, the shared
- * expert) or a dense SwiGLU of 3 D x Hm. Over the limit, the message points at
- * the largest term's widest key. */
-static bool check_model_size(const ModelConfig *m, const YamlNode *n) {
-  double D = (double)m->embed_dim, L = (double)m->num_layers;
-  double nmoe = m->moe_every_n_layers <= 1 ? L : (double)(m->num_layers / m->moe_every_n_layers);
-  double q = (double)m->num_heads * m->head_dim, kv = (double)m->num_kv_heads * m->head_dim;
-  struct { double n; const char *keys[4]; } terms[] = {
-      {2 * (double)m->vocab_size * D + D, {"vocab_size", "embed_dim"}},
-      {L * (2 * q * D + 2 * kv * D + 2 * D), {"num_layers", "num_heads", "head_dim", "embed_dim"}},
-      {nmoe * (double)m->num_experts * D * (1 + 3 * (double)m->hidden_dim), {"num_experts", "hidden_dim", "embed_dim"}},
-      {m->use_shared_expert ? nmoe * 3 * (double)m->shared_hidden_dim * D : 0, {"shared_hidden_dim", "embed_dim"}},
-      {(L - nmoe) * 3 * (double)m->mlp_hidden_dim * D, {"mlp_hidden_dim", "embed_dim"}},
-  };
-  double total = 0;
-  int big = 0;
-  for (int i = 0; i < (int)ARRAY_LEN(terms); i++) {
-    total += terms[i].n;
-    if (terms[i].n > terms[big].n)
-      big = i;
-  }
-  if (total <= MODEL_MAX_PARAMS)
-    return true;
-  const YamlNode *at = NULL;
-  long widest = 0;
-  for (int k = 0; k < 4 && terms[big].keys[k]; k++) {
-    const YamlNode *v = yaml_get(n, terms[big].keys[k]);
-    long x;
-    if (v && v->kind == YAML_SCALAR && yaml_int(v, terms[big].keys[k], &x) && x > widest)
-      at = v, widest = x;
-  }
-  Buf b = {0};
-  for (int k = 0; k < 4 && terms[big].keys[k]; k++)
-    buf_printf(&b, "%s%s", k ? " x " : "", terms[big].keys[k]);
-  error_at(at ? at->pos : n->pos,
-           "model: %.4g parameters (%.4g of them from %s) is out of range [1, 2^48 = %.0f]: the model does not fit "
-           "in memory or int64",
-           total, terms[big].n, b.data, MODEL_MAX_PARAMS);
-  buf_free(&b);
-  return false;
-}
-
-static bool parse_model(Recipe *r, const YamlNode *n) {
-  const YamlNode *comp = yaml_get(n, "_component_");
-  if (!comp || comp->kind != YAML_SCALAR) {
-    error_at(comp ? comp->pos : n->pos, "model: missing _component_");
-    return false;
-  }
-  const char *tail = strrchr(comp->str, '.') ? strrchr(comp->str, '.') + 1 : comp->str;
-  if (strncmp(tail, "lora_", 5) == 0 || strncmp(tail, "qlora_", 6) == 0) {
-    error_at(comp->pos, "model._component_: %s is a LoRA model; optc does full finetuning only (LoRA is not supported)",
-             comp->str);
-    return false;
-  }
-  if (!check_keys(n, model_keys, ARRAY_LEN(model_keys), "model"))
-    return false;
-  static const char *const generic = "torchtune.models.llama4.llama4_decoder";
-  bool preset = strcmp(comp->str, scout_dims.component) == 0 || strcmp(comp->str, maverick_dims.component) == 0;
-  ModelConfig m = strcmp(comp->str, maverick_dims.component) == 0 ? maverick_dims : scout_dims;
-  if (!preset && strcmp(comp->str, generic) != 0) {
-    error_at(comp->pos, "model._component_: unknown model '%s'; expected %s, %s or %s", comp->str,
-             scout_dims.component, maverick_dims.component, generic);
-    return false;
-  }
-  m.component = comp->str;
-  m.head_dim = 0; /* derived below unless given */
-  for (size_t i = 0; i < ARRAY_LEN(model_fields); i++) {
-    const ModelField *f = &model_fields[i];
-    const YamlNode *v = yaml_get(n, f->key);
-    char what[64];
-    snprintf(what, sizeof what, "model.%s", f->key);
-    if (!v) {
-      static const char *const required[] = {"vocab_size", "num_layers", "num_heads", "num_kv_heads",
-                                             "embed_dim", "hidden_dim", "num_experts"};
-      for (size_t k = 0; !preset && k < ARRAY_LEN(required); k++)
-        if (strcmp(required[k], f->key) == 0) {
-          error_at(n->pos, "model: %s needs '%s'", generic, f->key);
-          return false;
-        }
-      continue;
-    }
-    char *p = (char *)&m + f->off;
-    if (f->is_double) {
-      if (!yaml_double(v, what, (double *)p))
-        return false;
-      if (!(*(double *)p > 0 && *(double *)p <= MODEL_MAX_REAL)) {
-        error_at(v->pos, "%s: %s is out of range (0, 1e30]", what, v->str);
-        return false;
-      }
-    } else if (f->is_bool) {
-      if (!yaml_bool(v, what, (bool *)p))
-        return false;
-    } else {
-      /* the model's dims are ints (L4Config); the layer count bounds the tensor count */
-      long hi = strcmp(f->key, "num_layers") == 0 ? MODEL_MAX_LAYERS : INT32_MAX;
-      if (!yaml_int_in(v, what, 1, hi, (long *)p))
-        return false;
-    }
-  }
-  if (!yaml_get(n, "shared_hidden_dim"))
-    m.shared_hidden_dim = m.hidden_dim;
-  if (m.moe_every_n_layers > 1 && m.mlp_hidden_dim <= 0) {
-    error_at(model_pos(n, "moe_every_n_layers", NULL),
-             "model: moe_every_n_layers %ld needs mlp_hidden_dim, the dense layers' width", m.moe_every_n_layers);
-    return false;
-  }
-  if (!m.head_dim) {
-    if (m.embed_dim % m.num_heads) {
-      error_at(model_pos(n, "num_heads", "embed_dim"), "model: embed_dim %ld is not divisible by num_heads %ld",
-               m.embed_dim, m.num_heads);
-      return false;
-    }
-    m.head_dim = m.embed_dim / m.num_heads;
-  }
-  if (m.num_heads % m.num_kv_heads) {
-    error_at(model_pos(n, "num_kv_heads", "num_heads"), "model: num_heads %ld is not divisible by num_kv_heads %ld",
-             m.num_heads, m.num_kv_heads);
-    return false;
-  }
-  if (m.head_dim % 2) {
-    error_at(model_pos(n, "head_dim", "num_heads"), "model: head_dim %ld must be even for RoPE", m.head_dim);
-    return false;
-  }
-  if (m.experts_per_token > m.num_experts) {
-    error_at(model_pos(n, "experts_per_token", "num_experts"), "model: experts_per_token %ld exceeds num_experts %ld",
-             m.experts_per_token, m.num_experts);
-    return false;
-  }
-  if (m.experts_per_token != 1) {
-    error_at(model_pos(n, "experts_per_token", NULL),
-             "model: optc's Llama 4 router is top-1 (experts_per_token: 1), as Scout's is");
-    return false;
-  }
-  if ((double)m.num_heads * m.head_dim > INT32_MAX) {
-    error_at(model_pos(n, "head_dim", "num_heads"),
-             "model: num_heads x head_dim (%ld x %ld) is out of range [1, %d], the query projection's width",
-             m.num_heads, m.head_dim, INT32_MAX);
-    return false;
-  }
-  if (!check_model_size(&m, n))
-    return false;
-  r->has_model = true;
-  r->model = m;
-  return true;
 }
 
 /* ---- the optimizer section --------------------------------------------------- */
@@ -874,21 +555,9 @@ static bool apply_override(Recipe *r, const char *ov) {
 
 /* ---- recipe_load ------------------------------------------------------------- */
 
-const BuiltinConfig *recipe_bundled(const char *name) {
-  for (int i = 0; i < num_builtin_configs; i++)
-    if (strcmp(builtin_configs[i].name, name) == 0 || strcmp(builtin_configs[i].path, name) == 0)
-      return &builtin_configs[i];
-  return NULL;
-}
-
-bool recipe_is_config(const char *config) {
-  return ends_with(config, ".yaml") || ends_with(config, ".yml") || recipe_bundled(config);
-}
+bool recipe_is_yaml(const char *path) { return ends_with(path, ".yaml") || ends_with(path, ".yml"); }
 
 Recipe *recipe_load(const char *path, const char *const *overrides, int noverrides, Arena *a) {
-  const BuiltinConfig *b = access(path, F_OK) != 0 ? recipe_bundled(path) : NULL;
-  if (b)
-    return recipe_from_text(b->path, b->text, overrides, noverrides, a);
   size_t len;
   char *text = file_read(path, &len);
   if (!text)
@@ -923,16 +592,12 @@ Recipe *recipe_from_text(const char *name, const char *text, const char *const *
   YamlNode *root = r->root;
   r->config = without_variables(root, a);
   if (!yaml_interpolate(root, a) || !refuse_features(root) ||
-      !check_keys(r->config, top_keys, ARRAY_LEN(top_keys), ""))
+      !yaml_check_keys(r->config, top_keys, ARRAY_LEN(top_keys), ""))
     return NULL;
   note_unused_keys(r);
 
   /* defaults, as torchtune's recipe has them */
   r->param_dtype = TY_BF16;
-  r->batch_size = 1;
-  r->gradient_accumulation_steps = 1;
-  r->epochs = 1;
-  r->compile = (CompileFlags){false, false, false, false};
   r->nonfinite = NONFINITE_SKIP;
   YamlNode *v;
   if ((v = yaml_get(root, "dtype")) && !parse_dtype(v, "dtype", &r->param_dtype))
@@ -947,28 +612,12 @@ Recipe *recipe_from_text(const char *name, const char *text, const char *const *
     yaml_bool(v, "stochastic_rounding", &r->stochastic_rounding);
   if ((v = yaml_get(root, "write_back_grads")))
     yaml_bool(v, "write_back_grads", &r->write_back_grads);
-  if ((v = yaml_get(root, "fsdp_cpu_offload")))
-    yaml_bool(v, "fsdp_cpu_offload", &r->fsdp_cpu_offload);
-  if ((v = yaml_get(root, "shuffle")))
-    yaml_bool(v, "shuffle", &r->shuffle);
-  /* Ranges that keep every product of them (tokens = batch_size x
-   * max_seq_len, steps = epochs x steps per epoch) well inside int64; the
-   * seed's is torchtune's set_seed's, a uint32. */
-  struct { const char *key; long *out; long lo, hi; } ints[] = {
-      {"batch_size", &r->batch_size, 1, 1 << 16},
-      {"gradient_accumulation_steps", &r->gradient_accumulation_steps, 1, 1 << 20},
-      {"epochs", &r->epochs, 1, 1 << 20},
-      {"max_steps_per_epoch", &r->max_steps_per_epoch, 1, INT32_MAX},
-      {"max_steps", &r->max_steps, 1, INT32_MAX},
-      {"seed", &r->seed, 0, UINT32_MAX},
-  };
-  for (size_t i = 0; i < ARRAY_LEN(ints); i++) {
-    if (!(v = yaml_get(root, ints[i].key)) || yaml_is_null(v))
-      continue;
-    if (!yaml_int_in(v, ints[i].key, ints[i].lo, ints[i].hi, ints[i].out))
+  /* the seed's range is torchtune's set_seed's, a uint32; stochastic
+   * rounding keys its stream on it */
+  if ((v = yaml_get(root, "seed")) && !yaml_is_null(v)) {
+    if (!yaml_int_in(v, "seed", 0, UINT32_MAX, &r->seed))
       return NULL;
-    if (ints[i].out == &r->seed)
-      r->has_seed = true;
+    r->has_seed = true;
   }
   if ((v = yaml_get(root, "clip_grad_norm")) && !yaml_is_null(v)) {
     if (!yaml_double(v, "clip_grad_norm", &r->clip_grad_norm))
@@ -1007,28 +656,6 @@ Recipe *recipe_from_text(const char *name, const char *text, const char *const *
   }
   if ((v = yaml_get(root, "clip_norm_given")))
     yaml_bool(v, "clip_norm_given", &r->clip_norm_given);
-  /* compile: a bool sets all four; a dict takes torchtune's defaults. */
-  if ((v = yaml_get(root, "compile"))) {
-    if (v->kind == YAML_SCALAR) {
-      bool on;
-      yaml_bool(v, "compile", &on);
-      r->compile = (CompileFlags){on, on, on, on};
-    } else {
-      static const KeySpec compile_keys[] = {
-          {"model", K_BOOL}, {"loss", K_BOOL}, {"optimizer_step", K_BOOL}, {"scale_grads", K_BOOL}};
-      if (!check_keys(v, compile_keys, ARRAY_LEN(compile_keys), "compile"))
-        return NULL;
-      r->compile = (CompileFlags){true, true, false, true};
-      bool *flags[] = {&r->compile.model, &r->compile.loss, &r->compile.optimizer_step, &r->compile.scale_grads};
-      for (size_t i = 0; i < ARRAY_LEN(compile_keys); i++) {
-        YamlNode *f = yaml_get(v, compile_keys[i].key);
-        if (f)
-          yaml_bool(f, compile_keys[i].key, flags[i]);
-      }
-    }
-  }
-  if ((v = yaml_get(root, "model")) && !parse_model(r, v))
-    return NULL;
   YamlNode *opt = yaml_get(root, "optimizer");
   if (!opt) {
     error_at(root->pos, "the recipe has no 'optimizer' section");

@@ -1,9 +1,8 @@
-/* ir.c: type and op tables, and the graph builder. */
+/* ir.c: scope and op tables, and the graph builder. */
 #include "ir.h"
 
 #include <string.h>
 
-const char *const type_names[NUM_TYPES] = {"void", "bool", "i32", "i64", "f16", "bf16", "f32", "f64"};
 const char *const scope_names[NUM_SCOPES] = {"step", "tensor", "elem"};
 const char *const red_names[NUM_REDS] = {"sum", "sumsq", "max", "absmax"};
 const char *const bufkind_names[NUM_BUFKINDS] = {"param", "grad", "state"};
@@ -14,23 +13,8 @@ const OpInfo op_info[NUM_OPS] = {
 #undef OP
 };
 
-int type_size(Type t) {
-  static const int size[NUM_TYPES] = {0, 1, 4, 8, 2, 2, 4, 8};
-  return size[t];
-}
-
-bool type_is_float(Type t) { return t == TY_F16 || t == TY_BF16 || t == TY_F32 || t == TY_F64; }
-bool type_is_int(Type t) { return t == TY_I32 || t == TY_I64; }
-
 static bool name_eq(const char *name, const char *s, size_t n) {
   return strlen(name) == n && memcmp(name, s, n) == 0;
-}
-
-bool type_from_name(const char *s, size_t n, Type *out) {
-  for (int t = TY_BOOL; t < NUM_TYPES; t++)
-    if (name_eq(type_names[t], s, n))
-      return *out = (Type)t, true;
-  return false;
 }
 
 bool scope_from_name(const char *s, size_t n, Scope *out) {

@@ -5,19 +5,12 @@
 #pragma once
 #include "base.h"
 
-/* ---- types and scopes (ir.c) ---------------------------------------------- */
-typedef enum { TY_VOID, TY_BOOL, TY_I32, TY_I64, TY_F16, TY_BF16, TY_F32, TY_F64, NUM_TYPES } Type;
-
+/* ---- scopes (ir.c); the element types are base.h's ------------------------- */
 /* Ordered from narrow to wide: a value at step scope is one number per step;
  * tensor scope, one per tensor; elem scope, one per element. */
 typedef enum { SCOPE_STEP, SCOPE_TENSOR, SCOPE_ELEM, NUM_SCOPES } Scope;
 
-extern const char *const type_names[NUM_TYPES];
 extern const char *const scope_names[NUM_SCOPES];
-int type_size(Type t); /* bytes per element; 0 for void */
-bool type_is_float(Type t);
-bool type_is_int(Type t);
-bool type_from_name(const char *s, size_t n, Type *out);
 bool scope_from_name(const char *s, size_t n, Scope *out);
 
 /* ---- ops (ops.def) -------------------------------------------------------- */

@@ -1,5 +1,5 @@
 /* cuda_emu.h: enough CUDA for the host C++ compiler to build and run the
- * exact .cu text that compiler/emit_cuda.c writes, so that the GPU
+ * exact .cu text that compiler/cuda/emit_cuda.c writes, so that the GPU
  * backend's kernels, and the executor that drives them, are checked on a
  * machine with no GPU (tests/test_cuda_emu.c).
  *
@@ -8,7 +8,7 @@
  *       a kernel module: the kernels, and optc_emu_run, which runs one
  *       launch of one of them;
  *   c++ -std=c++17 -shared -fPIC -DOPTC_EMU_DRIVER -x c++ cuda_emu.h -o libcuda_emu.so
- *       a stand-in for libcuda.so.1 (runtime/exec_cuda.c opens it when
+ *       a stand-in for libcuda.so.1 (runtime/exec/exec_cuda.c opens it when
  *       OPTC_LIBCUDA names it): device memory is host memory, a "module
  *       image" is the path of a kernel module, which cuModuleLoadDataEx
  *       dlopens, and cuLaunchKernel calls its optc_emu_run.

@@ -12,7 +12,7 @@
  * optionally positions and segments. OUT gets loss (the summed token loss,
  * F64 scalar), ntokens (I64 scalar) and, under each parameter's name, its
  * gradient of that sum in F64. Exits 1, with a message, on any mistake. */
-#include "../runtime/rt.h"
+#include "train.h"
 
 #include <stddef.h>
 #include <stdlib.h>

@@ -9,8 +9,8 @@
  * cancellation, whose error is relative to the terms, not the result. Prints, per tensor,
  * the largest difference in ulps and relative terms and where it is, as
  * llm.c's check_tensor does; exits 1 if anything is off. */
-#include "../compiler/numerics.h"
-#include "../runtime/tensor.h"
+#include "numerics.h"
+#include "tensor.h"
 
 #include <math.h>
 #include <string.h>

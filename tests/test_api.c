@@ -25,17 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures, checks;
-#define CHECK(c, ...)                                                                \
-  do {                                                                               \
-    checks++;                                                                        \
-    if (!(c)) {                                                                      \
-      failures++;                                                                    \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__);                                    \
-      printf(__VA_ARGS__);                                                           \
-      printf("\n");                                                                  \
-    }                                                                                \
-  } while (0)
+#include "testlib.h"
 
 enum { NT = 4, GUARD = 64 };
 static const int64_t numel[NT] = {7, 1, 1000, 4097};
@@ -774,6 +764,6 @@ int main(void) {
   test_nonfinite_anywhere();
   test_shard();
   test_bad_input();
-  printf("test_api: %d checks, %d failed\n", checks, failures);
-  return failures != 0;
+  printf("test_api: %d checks, %d failed\n", nchecks, nfailed);
+  return nfailed != 0;
 }

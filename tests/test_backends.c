@@ -28,7 +28,7 @@
  *   haswell's code rounds its holds of one op half up where none of their
  *   65536 inputs is a tie, at two of them, and to even at the third,
  *   whose exp_avg_sq * beta2 has ties (tie_find). */
-#include "testlib.h"
+#include "steplib.h"
 
 #include <math.h>
 #include <string.h>
@@ -109,9 +109,8 @@ static void test_matrix(void) {
 /* ---- the disk cache ---------------------------------------------------------------------- */
 
 static void test_cache(void) {
-  char dir[] = "/tmp/optc_cacheXXXXXX";
-  ASSERT(mkdtemp(dir));
-  setenv("XDG_CACHE_HOME", dir, 1);
+  test_dir_make("optc_cache");
+  setenv("XDG_CACHE_HOME", test_dir, 1);
   setenv("OPTC_CACHE", "1", 1);
   Arena *arena = arena_new();
   Graph *g = build_recipe("optimizer:\n  _component_: torch.optim.AdamW\ndtype: fp32\nclip_grad_norm: 1.0\n", arena);
@@ -126,10 +125,9 @@ static void test_cache(void) {
   Buf key = {0};
   /* the entry's path: the only file in the cache directory */
   char cmd[512];
-  snprintf(cmd, sizeof cmd, "%s/optc", dir);
   char *path = NULL;
   FILE *ls;
-  snprintf(cmd, sizeof cmd, "ls %s/optc/cpu-*", dir);
+  snprintf(cmd, sizeof cmd, "ls %s", in_dir("optc/cpu-*").s);
   ls = popen(cmd, "r");
   char line[1024] = {0};
   if (ls && fgets(line, sizeof line, ls)) {
@@ -190,8 +188,7 @@ static void test_cache(void) {
   buf_free(&key);
   cpu_program_free(a);
   cpu_program_free(b);
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  CHECK(system(cmd) == 0, "cleanup");
+  test_dir_remove();
   arena_free(arena);
 }
 
@@ -392,6 +389,6 @@ int main(void) {
   test_index64();
   test_cache();
   test_matrix();
-  printf("test_backends: %d checks, %d failed\n", checks, failures);
-  return failures != 0;
+  printf("test_backends: %d checks, %d failed\n", nchecks, nfailed);
+  return nfailed != 0;
 }

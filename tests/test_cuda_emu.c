@@ -4,7 +4,7 @@
  *
  * The CUDA C that emit_cuda.c writes for each program is compiled, as it
  * is, by the host C++ compiler (meson passes its own) with tests/cuda_emu.h
- * into a kernel module, and runtime/exec_cuda.c runs it through a
+ * into a kernel module, and runtime/exec/exec_cuda.c runs it through a
  * stand-in driver built from the same header (OPTC_LIBCUDA). So the
  * kernels' indexing, vector and tail paths, shared-memory staging,
  * barriers and lanes, and the executor's uploads, launches and folds are
@@ -25,8 +25,8 @@
  *   over moved-back base pointers), non-finite grads (skipped as the
  *   interpreter skips), and the text: the same program emits the same
  *   bytes twice. */
-#include "../compiler/gpu.h"
-#include "testlib.h"
+#include "exec.h"
+#include "steplib.h"
 
 #include <math.h>
 #include <string.h>
@@ -36,7 +36,6 @@
 static const char *emu_h;
 static char **cxx;
 static int ncxx;
-static char dir[] = "/tmp/optc_cuda_emuXXXXXX";
 
 /* ---- programs ------------------------------------------------------------------------------ */
 
@@ -257,8 +256,8 @@ static bool case_init(Case *c, const char *name, Graph *g, Arena *a, int index, 
   CHECK(ok && src.len == again.len && !memcmp(src.data, again.data, src.len), "%s: the same text twice", name);
   c->source = src.data;
   buf_free(&again);
-  snprintf(c->cu, sizeof c->cu, "%s/case%d.cu", dir, index);
-  snprintf(c->so, sizeof c->so, "%s/case%d.so", dir, index);
+  snprintf(c->cu, sizeof c->cu, "%s", in_dirf("case%d.cu", index).s);
+  snprintf(c->so, sizeof c->so, "%s", in_dirf("case%d.so", index).s);
   return ok && file_write_atomic(c->cu, src.data, src.len) == 0;
 }
 
@@ -505,7 +504,7 @@ int main(int argc, char **argv) {
   emu_h = argv[1];
   cxx = argv + 2;
   ncxx = argc - 2;
-  ASSERT(mkdtemp(dir));
+  test_dir_make("optc_cuda_emu");
   setenv("OPTC_CACHE", "0", 1);
 
   /* every case's program and source */
@@ -569,7 +568,7 @@ int main(int argc, char **argv) {
 
   /* the driver stand-in and every kernel module, in parallel */
   char driver[300];
-  snprintf(driver, sizeof driver, "%s/libcuda_emu.so", dir);
+  snprintf(driver, sizeof driver, "%s", in_dir("libcuda_emu.so").s);
   char ***cmds = calloc((size_t)n + 1, sizeof(char **));
   ASSERT(cmds);
   const char *drv_extra[] = {"-std=c++17", "-O1", "-fPIC", "-shared", "-DOPTC_EMU_DRIVER", "-Wall", "-Wextra",
@@ -639,10 +638,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < n; i++)
     case_free(&cases[i]);
   free(cases);
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  if (system(cmd) != 0)
-    printf("note: could not remove %s\n", dir);
-  printf("test_cuda_emu: %d checks, %d failed (%.1f s)\n", checks, failures, now_seconds() - t0);
-  return failures != 0;
+  test_dir_remove();
+  printf("test_cuda_emu: %d checks, %d failed (%.1f s)\n", nchecks, nfailed, now_seconds() - t0);
+  return nfailed != 0;
 }

@@ -10,8 +10,8 @@
  * in a dataset directory.
  *   test_data TESTS_DIR   (tests/, for tests/data and tests/tokenizer)
  * Exits 0 when every check passes; run it under ASan+UBSan too. */
-#include "../runtime/data.h"
-#include "../runtime/parquet.h"
+#include "data.h"
+#include "parquet.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -19,53 +19,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "check.h"
+#include "testlib.h"
 
-static char dir[64];
 static Arena *arena;
 static const char *tests_dir; /* argv[1] */
-
-typedef struct {
-  char s[256];
-} Path;
-
-static Path in_dir(const char *name) {
-  Path p;
-  snprintf(p.s, sizeof p.s, "%s/%s", dir, name);
-  return p;
-}
 
 static void write_file(const char *path, const char *text) {
   FILE *f = fopen(path, "wb");
   if (!f || fputs(text, f) < 0 || fclose(f) != 0)
     die(path);
-}
-
-/* ---- capturing stderr ------------------------------------------------------- */
-
-static int saved_stderr = -1;
-static char captured[16384];
-
-static void capture_begin(void) {
-  fflush(stderr);
-  int fd = open(in_dir("stderr.txt").s, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  if (fd < 0 || (saved_stderr = dup(2)) < 0 || dup2(fd, 2) < 0)
-    die("redirecting stderr");
-  close(fd);
-}
-
-static const char *capture_end(void) {
-  fflush(stderr);
-  if (dup2(saved_stderr, 2) < 0)
-    die("restoring stderr");
-  close(saved_stderr);
-  FILE *f = fopen(in_dir("stderr.txt").s, "rb");
-  if (!f)
-    die("reading the captured stderr");
-  size_t n = fread(captured, 1, sizeof captured - 1, f);
-  captured[n] = 0;
-  fclose(f);
-  return captured;
 }
 
 /* ---- YAML blocks --------------------------------------------------------------- */
@@ -1343,16 +1305,6 @@ static void test_snappy(void) {
   CHECK(snappy_decode(hdr, sizeof hdr, out, 5, &why) == -1);
 }
 
-#include <ftw.h>
-
-static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-  (void)st, (void)flag, (void)ftw;
-  return remove(path);
-}
-
-/* The temporary directory and everything the tests wrote in it. */
-static void remove_dir(void) { nftw(dir, remove_one, 16, FTW_DEPTH | FTW_PHYS); }
-
 int main(int argc, char **argv) {
   if (argc != 2) {
     printf("usage: test_data TESTS_DIR\n");
@@ -1361,9 +1313,7 @@ int main(int argc, char **argv) {
   tests_dir = argv[1];
   /* a hub cache that holds nothing: no test reads the machine's own */
   setenv("HF_HUB_CACHE", "/nonexistent/optc-test-hub", 1);
-  snprintf(dir, sizeof dir, "/tmp/test_data.XXXXXX");
-  if (!mkdtemp(dir))
-    die("mkdtemp");
+  test_dir_make("test_data");
   arena = arena_new();
   test_tokenizer();
   test_prompt_text();
@@ -1383,7 +1333,7 @@ int main(int argc, char **argv) {
   test_parquet_types();
   test_parquet_malformed();
   test_snappy();
-  remove_dir();
+  test_dir_remove();
   arena_free(arena);
   printf("%s: %d checks, %d failed\n", nfailed ? "FAIL" : "PASS", nchecks, nfailed);
   return nfailed ? 1 : 0;

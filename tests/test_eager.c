@@ -10,7 +10,7 @@
  * the skip flag must equal the interpreter's byte for byte. The third
  * step's grads hold an Inf in the last element of the 70,001: all three
  * skip it and write nothing. */
-#include "testlib.h"
+#include "steplib.h"
 
 /* splitmix64: params in [-1, 1), grads 100x smaller, states small and
  * positive, and one value in 1024 scaled by 1e-30 (MKL sqrt's small range) */
@@ -141,6 +141,6 @@ int main(void) {
         arena_free(arena);
       }
   pool_free(pool);
-  printf("test_eager: %d checks, %d failed\n", checks, failures);
-  return failures != 0;
+  printf("test_eager: %d checks, %d failed\n", nchecks, nfailed);
+  return nfailed != 0;
 }

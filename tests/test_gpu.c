@@ -18,8 +18,8 @@
  *   index 3 * 2^30, element 5 * 2^30 of its tensor), and, where the
  *   device has the memory, for real: a 2^31 + 12411-element group whose
  *   chunks across 2^31 are stepped and checked. */
-#include "../compiler/gpu.h"
-#include "testlib.h"
+#include "exec.h"
+#include "steplib.h"
 
 #include <math.h>
 #include <string.h>
@@ -489,6 +489,6 @@ int main(void) {
   test_index64_real(g);
   arena_free(a);
   printf("%d NVRTC compiles, %.0f ms each on average\n", ncompiles, compile_ms / MAX(ncompiles, 1));
-  printf("test_gpu: %d checks, %d failed (%.1f s)\n", checks, failures, now_seconds() - t0);
-  return failures != 0;
+  printf("test_gpu: %d checks, %d failed (%.1f s)\n", nchecks, nfailed, now_seconds() - t0);
+  return nfailed != 0;
 }

@@ -29,7 +29,7 @@
 
 #include "llama4.h"
 #include "blas.h"
-#include "rt.h" /* the thread pool */
+#include "exec.h" /* the thread pool */
 
 double l4_naive_loss(const L4Config *c, int ntensors, const char *const *names,
                      const double *const *params, const int32_t *tokens,

@@ -6,7 +6,7 @@
  * - f32 -> bf16 against an independent formula on doubles;
  * - stochastic rounding: only the two neighbours come out, the mean is the
  *   value (unbiased), and the hash is a pure function of its inputs. */
-#include "../compiler/numerics.h"
+#include "numerics.h"
 
 #include <math.h>
 #include <stdbool.h>

@@ -17,8 +17,8 @@
  * - The disk cache: a second compile is a hit, with the same cubin; a
  *   truncated entry is a miss and is rebuilt.
  * - The Scout recipe's kernels, with their registers, are printed. */
-#include "../compiler/gpu.h"
-#include "testlib.h"
+#include "exec.h"
+#include "steplib.h"
 
 #include <string.h>
 #include <sys/stat.h>
@@ -128,9 +128,8 @@ static void test_arches(void) {
 }
 
 static void test_cache(void) {
-  char dir[] = "/tmp/optc_nvrtc_cacheXXXXXX";
-  ASSERT(mkdtemp(dir));
-  setenv("XDG_CACHE_HOME", dir, 1);
+  test_dir_make("optc_nvrtc_cache");
+  setenv("XDG_CACHE_HOME", test_dir, 1);
   setenv("OPTC_CACHE", "1", 1);
   Arena *a = arena_new();
   Graph *g = build_yaml("optimizer:\n  _component_: torch.optim.AdamW\ndtype: fp32\nclip_grad_norm: 1.0\n", a);
@@ -146,8 +145,8 @@ static void test_cache(void) {
             p2->ptx && !strcmp(p1->ptx, p2->ptx) && p2->kernels[1].regs == p1->kernels[1].regs,
         "the hit holds the same cubin, PTX and ptxas report");
   printf("cache: NVRTC %.1f ms, hit %.2f ms\n", t1.build + t1.codegen, t2.build + t2.codegen);
-  char cmd[256], path[1024] = "";
-  snprintf(cmd, sizeof cmd, "ls %s/optc/cuda-*", dir);
+  char cmd[512], path[1024] = "";
+  snprintf(cmd, sizeof cmd, "ls %s", in_dir("optc/cuda-*").s);
   FILE *ls = popen(cmd, "r");
   if (ls && fgets(path, sizeof path, ls))
     path[strcspn(path, "\n")] = 0;
@@ -164,8 +163,7 @@ static void test_cache(void) {
   }
   cuda_program_free(p1);
   cuda_program_free(p2);
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  CHECK(system(cmd) == 0, "cleanup");
+  test_dir_remove();
   arena_free(a);
 }
 
@@ -334,6 +332,6 @@ int main(int argc, char **argv) {
   test_matrix();
   printf("%d compiles, %.0f ms each on average; %d kernel%s spilled (at most %d bytes each)\n", ncompiled,
          total_ms / MAX(ncompiled, 1), nspilled, nspilled == 1 ? "" : "s", SPILL_SLACK);
-  printf("test_nvrtc: %d checks, %d failed\n", checks, failures);
-  return failures != 0;
+  printf("test_nvrtc: %d checks, %d failed\n", nchecks, nfailed);
+  return nfailed != 0;
 }

@@ -3,7 +3,7 @@
  * empty TensorFile and exactly one error line that names the tensor at fault;
  * nothing may crash or read out of bounds (run it under ASan+UBSan).
  * Exits 0 when every check passes; prints what it checked on stdout. */
-#include "../runtime/tensor.h"
+#include "tensor.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -12,51 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "check.h"
-
-static char dir[64]; /* the temporary directory */
-
-/* A path, returned by value so that nobody's string is overwritten. */
-typedef struct {
-  char s[256];
-} Path;
-
-/* dir/name */
-static Path in_dir(const char *name) {
-  Path p;
-  int n = snprintf(p.s, sizeof p.s, "%s/%s", dir, name);
-  if (n < 0 || (size_t)n >= sizeof p.s)
-    die("path too long");
-  return p;
-}
-
-/* ---- capturing stderr ------------------------------------------------------- */
-
-static int saved_stderr = -1;
-static char captured[16384];
-
-static void capture_begin(void) {
-  fflush(stderr);
-  int fd = open(in_dir("stderr.txt").s, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  if (fd < 0 || (saved_stderr = dup(2)) < 0 || dup2(fd, 2) < 0)
-    die("redirecting stderr");
-  close(fd);
-}
-
-/* Restores stderr and returns what was written to it meanwhile. */
-static const char *capture_end(void) {
-  fflush(stderr);
-  if (dup2(saved_stderr, 2) < 0)
-    die("restoring stderr");
-  close(saved_stderr);
-  FILE *f = fopen(in_dir("stderr.txt").s, "rb");
-  if (!f)
-    die("reading the captured stderr");
-  size_t n = fread(captured, 1, sizeof captured - 1, f);
-  captured[n] = 0;
-  fclose(f);
-  return captured;
-}
+#include "testlib.h"
 
 /* True if msg is exactly one line starting "optc: error: ". */
 static bool one_error_line(const char *msg) {
@@ -81,32 +37,16 @@ static bool same_file(const char *a, const char *b) {
   return same;
 }
 
-/* Files in dir whose name contains ".tmp.": what a non-atomic write leaves. */
+/* Files in test_dir whose name contains ".tmp.": what a non-atomic write leaves. */
 static int count_tmp_files(void) {
-  DIR *d = opendir(dir);
+  DIR *d = opendir(test_dir);
   if (!d)
-    die(dir);
+    die(test_dir);
   int n = 0;
   for (struct dirent *e; (e = readdir(d));)
     n += strstr(e->d_name, ".tmp.") != NULL;
   closedir(d);
   return n;
-}
-
-static void remove_dir(void) {
-  DIR *d = opendir(dir);
-  if (!d)
-    die(dir);
-  for (struct dirent *e; (e = readdir(d));) {
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-      continue;
-    Path p = in_dir(e->d_name);
-    if (unlink(p.s) != 0 && rmdir(p.s) != 0)
-      die(p.s);
-  }
-  closedir(d);
-  if (rmdir(dir) != 0)
-    die(dir);
 }
 
 /* ---- round trips ------------------------------------------------------------ */
@@ -567,7 +507,7 @@ static void test_bad_files(void) {
   const char *missing[] = {"cannot open", "No such file or directory"};
   expect_rejected("missing file", in_dir("missing.safetensors").s, missing, 2, true);
   const char *isdir[] = {"not a regular file"};
-  expect_rejected("a directory", dir, isdir, 1, true);
+  expect_rejected("a directory", test_dir, isdir, 1, true);
 }
 
 /* Every proper prefix of a valid file is rejected with one message. */
@@ -643,9 +583,7 @@ static void test_corruption(void) {
 }
 
 int main(void) {
-  snprintf(dir, sizeof dir, "/tmp/test_safetensors.XXXXXX");
-  if (!mkdtemp(dir))
-    die("mkdtemp");
+  test_dir_make("test_safetensors");
   test_round_trip();
   test_open_views();
   test_empty_file();
@@ -654,7 +592,7 @@ int main(void) {
   test_bad_files();
   test_every_truncation();
   test_corruption();
-  remove_dir();
+  test_dir_remove();
   printf("%s: %d checks, %d failed\n", nfailed ? "FAIL" : "PASS", nchecks, nfailed);
   return nfailed ? 1 : 0;
 }

@@ -32,8 +32,8 @@
  * Known differences: xfail() lists where the reference and the step graph
  * do not compute the same thing, and why. Each is reported as XFAIL; one
  * that agrees after all is a failure (XPASS), so the list stays true. */
-#include "../compiler/passes.h"
-#include "../runtime/rt.h"
+#include "passes.h"
+#include "group.h"
 #include "ref_optim.h"
 
 #include <math.h>

@@ -11,7 +11,7 @@
  * the pre-tokenizer's pieces. Then malformed vocabulary files must fail with
  * positioned errors, and the encode speed is printed (not asserted).
  * Exits 0 when every check passes. */
-#include "../runtime/tokenizer.h"
+#include "tokenizer.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -19,74 +19,12 @@
 #include <string.h>
 #include <unistd.h>
 
-static int nchecks, nfailed;
-
-/* Failures go to stdout, since stderr is redirected while a message is
- * being captured. */
-#define CHECK(c, ...) check((c), __LINE__, #c, __VA_ARGS__)
-PRINTF(4, 5) static bool check(bool ok, int line, const char *what, const char *fmt, ...) {
-  nchecks++;
-  if (!ok) {
-    printf("test_tokenizer.c:%d: FAILED: %s: ", line, what);
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-    fflush(stdout);
-    nfailed++;
-  }
-  return ok;
-}
-
-static void die(const char *what) {
-  printf("test_tokenizer: %s: %s\n", what, strerror(errno));
-  exit(2);
-}
-
-static char dir[64];
-
-typedef struct {
-  char s[256];
-} Path;
-
-static Path in_dir(const char *name) {
-  Path p;
-  snprintf(p.s, sizeof p.s, "%s/%s", dir, name);
-  return p;
-}
+#include "testlib.h"
 
 static void write_file(const char *path, const char *data, size_t n) {
   FILE *f = fopen(path, "wb");
   if (!f || fwrite(data, 1, n, f) != n || fclose(f) != 0)
     die(path);
-}
-
-/* ---- capturing stderr ------------------------------------------------------- */
-
-static int saved_stderr = -1;
-static char captured[16384];
-
-static void capture_begin(void) {
-  fflush(stderr);
-  int fd = open(in_dir("stderr.txt").s, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  if (fd < 0 || (saved_stderr = dup(2)) < 0 || dup2(fd, 2) < 0)
-    die("redirecting stderr");
-  close(fd);
-}
-
-static const char *capture_end(void) {
-  fflush(stderr);
-  if (dup2(saved_stderr, 2) < 0)
-    die("restoring stderr");
-  close(saved_stderr);
-  FILE *f = fopen(in_dir("stderr.txt").s, "rb");
-  if (!f)
-    die("reading the captured stderr");
-  size_t n = fread(captured, 1, sizeof captured - 1, f);
-  captured[n] = 0;
-  fclose(f);
-  return captured;
 }
 
 /* ---- helpers -------------------------------------------------------------------- */
@@ -587,25 +525,12 @@ static void test_speed(const Bpe *b) {
   buf_free(&text);
 }
 
-static void remove_dir(void) {
-  const char *names[] = {"ok.tiktoken", "b64char.tiktoken", "b64len.tiktoken", "b64pad.tiktoken",
-                         "norank.tiktoken", "norank2.tiktoken", "badrank.tiktoken", "negrank.tiktoken",
-                         "extra.tiktoken", "blank.tiktoken", "duptok.tiktoken", "duprank.tiktoken",
-                         "gap.tiktoken", "huge.tiktoken", "empty.tiktoken", "newlines.tiktoken",
-                         "nobytes.tiktoken", "longline.tiktoken", "pieces.tiktoken", "stderr.txt"};
-  for (size_t i = 0; i < ARRAY_LEN(names); i++)
-    unlink(in_dir(names[i]).s);
-  rmdir(dir);
-}
-
 int main(int argc, char **argv) {
   if (argc != 3) {
     printf("usage: test_tokenizer MODEL GOLDEN\n");
     return 2;
   }
-  snprintf(dir, sizeof dir, "/tmp/test_tokenizer.XXXXXX");
-  if (!mkdtemp(dir))
-    die("mkdtemp");
+  test_dir_make("test_tokenizer");
   Bpe *b = bpe_load(argv[1]);
   if (!b) {
     printf("test_tokenizer: cannot load %s\n", argv[1]);
@@ -615,7 +540,7 @@ int main(int argc, char **argv) {
   test_errors(b);
   test_speed(b);
   bpe_free(b);
-  remove_dir();
+  test_dir_remove();
   printf("%s: %d checks, %d failed\n", nfailed ? "FAIL" : "PASS", nchecks, nfailed);
   return nfailed ? 1 : 0;
 }

@@ -1,198 +1,123 @@
-/* testlib.h: what the backend tests share: CHECK, the seeded data they step,
- * byte comparison of flat buffers, and building a step graph from recipe or
- * .optir text. Header-only; a test includes it once. */
+/* testlib.h: what every C test shares, on libc alone. CHECK counts a check
+ * and, when it fails, prints its file, line, expression and an optional
+ * printf-style message, and the test goes on (it evaluates to whether c
+ * held); die stops a test whose environment is broken (a temporary file it
+ * cannot make), which is not a test failure. A temporary directory
+ * (test_dir_make, in_dir, in_dirf, test_dir_remove) and stderr captured into it
+ * (capture_begin, capture_end). Everything a test reports goes to stdout,
+ * since stderr may be captured. Header-only; a test includes it once. */
 #pragma once
-#include "../compiler/passes.h"
-#include "../runtime/rt.h"
-
-#include <math.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define TESTLIB_FN __attribute__((unused)) static
 
-static int failures, checks;
+static int nchecks, nfailed;
 
-/* Counts a check; on failure prints file:line and the message, and goes on. */
-#define CHECK(c, ...) \
-  do { \
-    checks++; \
-    if (!(c)) { \
-      failures++; \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      printf(__VA_ARGS__); \
-      printf("\n"); \
-    } \
-  } while (0)
-
-/* ---- data: xorshift64, the same sequence in every test and on every machine ---------------- */
-
-static uint64_t rng = 0x2545f4914f6cdd1dull;
-TESTLIB_FN double uniform(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return (double)(rng >> 11) / 9007199254740992.0;
-}
-TESTLIB_FN float normalf(void) {
-  double u = uniform() + 1e-300, v = uniform();
-  return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
-}
-
-/* Normal values times scale, in t's dtype (f32 or bf16). */
-TESTLIB_FN void fill(Tensor *t, float scale) {
-  for (int64_t i = 0; i < t->numel; i++) {
-    float v = normalf() * scale;
-    if (t->dtype == TY_BF16)
-      ((uint16_t *)t->data)[i] = optc_f32_to_bf16(v);
-    else
-      ((float *)t->data)[i] = v;
+/* CHECK(c) or CHECK(c, "fmt", ...): the message, when given, after the expression. */
+#define CHECK(c, ...) check_at((c), __FILE__, __LINE__, #c, "" __VA_ARGS__)
+#pragma GCC diagnostic ignored "-Wformat-zero-length"
+__attribute__((format(printf, 5, 6))) TESTLIB_FN bool check_at(bool ok, const char *file, int line,
+                                                             const char *what, const char *fmt, ...) {
+  nchecks++;
+  if (!ok) {
+    printf("%s:%d: FAILED: %s", file, line, what);
+    if (*fmt) {
+      va_list ap;
+      va_start(ap, fmt);
+      printf(": ");
+      vprintf(fmt, ap);
+      va_end(ap);
+    }
+    printf("\n");
+    fflush(stdout);
+    nfailed++;
   }
+  return ok;
 }
 
-/* One group: the odd sizes, one large tensor, forty small ones; params
- * t0..t45 in pt, grads tK.grad in gt. */
-TESTLIB_FN void make_tensors(TensorFile *tf, Type pt, Type gt) {
-  int64_t sizes[6 + 40] = {0, 1, 15, 16, 17, 100003};
-  for (int i = 0; i < 40; i++)
-    sizes[6 + i] = 1 + (i * 7) % 40;
-  for (int i = 0; i < 46; i++) {
-    char name[32];
-    snprintf(name, sizeof name, "t%d", i);
-    fill(tf_add(tf, name, pt, 1, &sizes[i]), 1.0f);
-    snprintf(name, sizeof name, "t%d.grad", i);
-    fill(tf_add(tf, name, gt, 1, &sizes[i]), 0.3f);
-  }
+#define die(what) die_at(__FILE__, (what))
+TESTLIB_FN void die_at(const char *file, const char *what) {
+  printf("%s: %s: %s\n", file, what, strerror(errno));
+  exit(2);
 }
 
-/* Element 777 of make_tensors' t5.grad made NaN (kind 0) or +inf (kind 1). */
-TESTLIB_FN void poison_grad(TensorFile *tf, int kind) {
-  Tensor *gt = tf_find(tf, "t5.grad");
-  ASSERT(gt);
-  float bad = kind == 0 ? NAN : INFINITY;
-  if (gt->dtype == TY_BF16)
-    ((uint16_t *)gt->data)[777] = optc_f32_to_bf16(bad);
-  else
-    ((float *)gt->data)[777] = bad;
+/* ---- a temporary directory ------------------------------------------------------------------- */
+
+static char test_dir[64];
+
+/* Makes /tmp/NAME.XXXXXX, or dies. */
+TESTLIB_FN void test_dir_make(const char *name) {
+  snprintf(test_dir, sizeof test_dir, "/tmp/%s.XXXXXX", name);
+  if (!mkdtemp(test_dir))
+    die("mkdtemp");
 }
 
-/* 64-byte aligned memory (the size rounded up, as aligned_alloc wants). */
-TESTLIB_FN void *alloc64(size_t n) {
-  void *p = aligned_alloc(64, (n + 63) / 64 * 64);
-  ASSERT(p);
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+/* Removes the directory and everything in it. */
+TESTLIB_FN void test_dir_remove(void) {
+  if (*test_dir)
+    nftw(test_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* A path, returned by value so that nobody's string is overwritten. */
+typedef struct {
+  char s[256];
+} Path;
+
+/* test_dir/ and the rest printf-style; dies when too long. */
+__attribute__((format(printf, 1, 2))) TESTLIB_FN Path in_dirf(const char *fmt, ...) {
+  Path p;
+  int n = snprintf(p.s, sizeof p.s, "%s/", test_dir);
+  va_list ap;
+  va_start(ap, fmt);
+  int m = vsnprintf(p.s + n, sizeof p.s - (size_t)n, fmt, ap);
+  va_end(ap);
+  if (m < 0 || (size_t)(n + m) >= sizeof p.s)
+    die("path too long");
   return p;
 }
 
-/* Whether g's n-element flat buffers a and b hold the same bytes; the first
- * difference is printed under what. */
-TESTLIB_FN bool same_bytes(const Graph *g, int64_t n, void *const *a, void *const *b, const char *what) {
-  for (int k = 0; k < g->nbufs; k++) {
-    size_t bytes = (size_t)n * (size_t)type_size(g->bufs[k].type);
-    if (memcmp(a[k], b[k], bytes) != 0) {
-      const char *pa = a[k], *pb = b[k];
-      size_t at = 0;
-      while (at < bytes && pa[at] == pb[at])
-        at++;
-      printf("  %s: @%s differs first at byte %zu (element %zu)\n", what, g->bufs[k].name, at,
-             at / (size_t)type_size(g->bufs[k].type));
-      return false;
-    }
-  }
-  return true;
+/* test_dir/name */
+TESTLIB_FN Path in_dir(const char *name) { return in_dirf("%s", name); }
+
+/* ---- capturing stderr (in test_dir) --------------------------------------------------------- */
+
+static int saved_stderr = -1;
+static char captured[65536];
+
+/* From here to capture_end, what goes to stderr goes to a file. */
+TESTLIB_FN void capture_begin(void) {
+  fflush(stderr);
+  int fd = open(in_dir("stderr.txt").s, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0 || (saved_stderr = dup(2)) < 0 || dup2(fd, 2) < 0)
+    die("redirecting stderr");
+  close(fd);
 }
 
-/* ---- the matrix the backends are checked over: every built-in optimizer with its
- * graph-changing options, and the three dtype layouts (low: bf16 params) ---------------- */
-
-__attribute__((unused)) static const struct { const char *name, *yaml; } opts[] = {
-    {"adamw", "optimizer:\n  _component_: torch.optim.AdamW\n"},
-    {"adamw_amsgrad_maximize", "optimizer:\n  _component_: torch.optim.AdamW\n  amsgrad: true\n  maximize: true\n"},
-    {"adam_wd", "optimizer:\n  _component_: torch.optim.Adam\n  weight_decay: 0.1\n"},
-    {"sgd", "optimizer:\n  _component_: torch.optim.SGD\n  lr: 0.1\n"},
-    {"sgd_nesterov", "optimizer:\n  _component_: torch.optim.SGD\n  lr: 0.1\n  momentum: 0.9\n  nesterov: true\n"},
-    {"sgd_dampening_wd",
-     "optimizer:\n  _component_: torch.optim.SGD\n  lr: 0.1\n  momentum: 0.8\n  dampening: 0.3\n  weight_decay: 0.01\n"},
-    {"lion", "optimizer:\n  _component_: optc.Lion\n  weight_decay: 0.1\n"},
-    {"adagrad", "optimizer:\n  _component_: torch.optim.Adagrad\n  lr_decay: 0.01\n  initial_accumulator_value: 0.1\n"},
-    {"rmsprop", "optimizer:\n  _component_: torch.optim.RMSprop\n"},
-    {"rmsprop_centered_momentum",
-     "optimizer:\n  _component_: torch.optim.RMSprop\n  centered: true\n  momentum: 0.9\n  weight_decay: 0.01\n"},
-    /* torch's fused=True kernels */
-    {"adamw_fused", "optimizer:\n  _component_: torch.optim.AdamW\n  fused: true\n  amsgrad: true\n"},
-    {"adam_fused_wd", "optimizer:\n  _component_: torch.optim.Adam\n  fused: true\n  weight_decay: 0.1\n"},
-    {"sgd_fused_momentum",
-     "optimizer:\n  _component_: torch.optim.SGD\n  fused: true\n  lr: 0.1\n  momentum: 0.8\n  dampening: 0.3\n"},
-    {"adagrad_fused", "optimizer:\n  _component_: torch.optim.Adagrad\n  fused: true\n  weight_decay: 0.1\n"},
-};
-__attribute__((unused)) static const struct { const char *name, *yaml; bool low; } layouts[] = {
-    {"fp32", "dtype: fp32\n", false},
-    {"bf16", "dtype: bf16\n", true},
-    {"bf16/fp32-states", "dtype: bf16\noptimizer_state_dtype: fp32\n", true},
-};
-
-/* Case i of the matrix (opts x layouts x clip off/on x, for the bf16
- * layouts, stochastic rounding off/on): its name and recipe text. False past
- * the last case. */
-typedef struct {
-  char name[128], yaml[1024];
-  size_t opt, layout; /* indices into opts and layouts */
-  bool clip, sr;
-} MatrixCase;
-TESTLIB_FN bool matrix_case_at(int i, MatrixCase *c) {
-  for (size_t o = 0; o < ARRAY_LEN(opts); o++)
-    for (size_t l = 0; l < ARRAY_LEN(layouts); l++)
-      for (int clip = 0; clip < 2; clip++)
-        for (int sr = 0; sr < (layouts[l].low ? 2 : 1); sr++)
-          if (i-- == 0) {
-            *c = (MatrixCase){.opt = o, .layout = l, .clip = clip, .sr = sr};
-            snprintf(c->name, sizeof c->name, "%s %s%s%s", opts[o].name, layouts[l].name, clip ? " clip" : "",
-                     sr ? " sr" : "");
-            snprintf(c->yaml, sizeof c->yaml, "%s%s%s%s", opts[o].yaml, layouts[l].yaml,
-                     clip ? "clip_grad_norm: 0.5\n" : "", sr ? "stochastic_rounding: true\nseed: 42\n" : "");
-            return true;
-          }
-  return false;
-}
-
-/* g's runtime inputs for step 1 (and num_tokens 7 when with_tokens and g
- * has it; torch_threads 2, so that torch's 16-bit loop tails fall inside
- * the 100003-element tensor too), the rest at their defaults; malloc'd,
- * the caller frees. */
-TESTLIB_FN double *step1_inputs(const Graph *g, bool with_tokens) {
-  double *vals = calloc((size_t)g->nins + 1, sizeof(double));
-  Binding sets[2];
-  int nsets = 0;
-  if (with_tokens && graph_find_input(g, "num_tokens") != NOREF)
-    sets[nsets++] = (Binding){"num_tokens", 7};
-  if (graph_find_input(g, "torch_threads") != NOREF)
-    sets[nsets++] = (Binding){"torch_threads", 2};
-  Binding first = {"step", 1};
-  ASSERT(vals && inputs_resolve(g, sets, nsets, &first, 1, vals) == 0);
-  return vals;
-}
-
-/* ---- step graphs ------------------------------------------------------------------------------ */
-
-/* The front end's graph of a recipe's text, before the passes. */
-TESTLIB_FN Graph *build_recipe(const char *yaml, Arena *a) {
-  Recipe *r = recipe_from_text("<test recipe>", yaml, NULL, 0, a);
-  return r ? frontend_build(r) : NULL;
-}
-
-/* ... and after them: what the backends compile. */
-TESTLIB_FN Graph *build_yaml(const char *yaml, Arena *a) {
-  Graph *g = build_recipe(yaml, a);
-  return g && pipeline_run(g, &(PipelineOptions){0}) ? g : NULL;
-}
-
-/* An .optir program's text, specialised with its defaults, after the passes. */
-TESTLIB_FN Graph *build_optir(const char *name, const char *text, Arena *a) {
-  SrcFile *src = arena_alloc(a, sizeof(SrcFile));
-  src->name = name;
-  src->text = text;
-  src->len = strlen(text);
-  Graph *g = ir_parse(src, a);
-  if (g)
-    g = optir_specialize(g, NULL, 0, a);
-  return g && pipeline_run(g, &(PipelineOptions){0}) ? g : NULL;
+/* Restores stderr and returns what was written to it meanwhile (its first
+ * 64 KiB), valid until the next capture_end. */
+TESTLIB_FN const char *capture_end(void) {
+  fflush(stderr);
+  if (dup2(saved_stderr, 2) < 0)
+    die("restoring stderr");
+  close(saved_stderr);
+  FILE *f = fopen(in_dir("stderr.txt").s, "rb");
+  if (!f)
+    die("reading the captured stderr");
+  size_t n = fread(captured, 1, sizeof captured - 1, f);
+  captured[n] = 0;
+  fclose(f);
+  return captured;
 }

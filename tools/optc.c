@@ -1,13 +1,16 @@
 /* optc.c: the command line. */
-#include "../runtime/coll.h"
-#include "../runtime/data.h"
-#include "../runtime/rt.h"
+#include "tools.h"
+
+#include "args.h"
+#include "bench.h"
+#include "data.h"
 #include "frontend.h"
 #include "optc.h"
 #include "passes.h"
 #include "plan.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <string.h>
@@ -16,8 +19,9 @@
 #define OPTC_VERSION "0.1.0"
 #endif
 
-static const char usage_main[] =
+static const char usage_head[] =
     "usage: optc [compile] CONFIG [options]\n"
+    "       optc SUBCOMMAND [options]\n"
     "       optc --help | --version\n"
     "\n"
     "optc compiles the optimizer step of a torchtune-shaped recipe into fused\n"
@@ -25,19 +29,9 @@ static const char usage_main[] =
     "a built-in optimizer body may also be named alone (adamw, adam, sgd, lion,\n"
     "adagrad, rmsprop).\n"
     "\n"
-    "subcommands:\n"
-    "  compile       (the default) build, verify and print the step graph\n"
-    "  exec          run optimizer steps on tensors from a safetensors file\n"
-    "  bench         optimizer: the step against eager, foreach, a fused loop and the\n"
-    "                memory bandwidth; step: a training step, compiled and eager\n"
-    "  plan          per-rank memory, traffic and step time of a recipe (optc plan --help)\n"
-    "  run           a finetune: optc run [--nproc N] full_finetune_distributed --config CONFIG\n"
-    "  tokenize      encode (or --decode) lines with a recipe's tokenizer, as torchtune's encode\n"
-    "  data          a recipe's dataset as torchtune builds it (--dump N: its first samples)\n"
-    "  cat           a config as optc reads it (overrides, ~KEY, ${key} resolved)\n"
-    "  ls            the bundled configs (--config llama4/scout_17B_16E_full names one)\n"
-    "\n"
-    "Run 'optc SUBCOMMAND --help' for the options of each.\n";
+    "subcommands:\n";
+
+static void print_usage(FILE *f, const char *only); /* below the subcommands' table */
 
 static const char usage_exec[] =
     "usage: optc exec CONFIG --in IN.safetensors --out OUT.safetensors [options] [KEY=VALUE ...]\n"
@@ -116,14 +110,11 @@ static void print_compile_help(void) {
     printf("  %-12s %s\n", pipeline_passes[i].name, pipeline_passes[i].desc);
 }
 
-/* A recipe override, torchtune style: key.sub=value, or ~key to remove one. */
-static bool is_override(const char *a) { return a[0] == '~' || (a[0] != '-' && strchr(a, '=')); }
-
 /* Builds the graph CONFIG names: a recipe (a file, or a bundled config such
  * as llama4/scout_17B_16E_full), an .optir file or a built-in. */
 static Graph *load_config(const char *config, const char *const *overrides, int nov, Arena *a) {
   if (recipe_is_config(config)) {
-    Recipe *r = recipe_load(config, overrides, nov, a);
+    Recipe *r = recipe_open(config, overrides, nov, a, NULL);
     if (r)
       recipe_note_unused(r);
     return r ? frontend_build(r) : NULL;
@@ -155,16 +146,18 @@ static int cmd_compile(int argc, char **argv) {
   bool cuda = false, verbose = false;
   const char **overrides = calloc((size_t)argc + 1, sizeof(char *));
   int nov = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+  Args p;
+  args_init(&p, "optc compile", argc, argv);
+  const char *v;
+  while (args_next(&p)) {
+    const char *a = p.a;
+    if (args_help(&p)) {
       print_compile_help();
       free(overrides);
       return 0;
-    } else if (!strcmp(a, "--dump-ir")) {
+    } else if (args_flag(&p, "--dump-ir")) {
       emit = "ir";
-    } else if (!strncmp(a, "--dump-ir=", 10)) {
-      const char *v = a + 10;
+    } else if (args_value_eq(&p, "--dump-ir", &v)) {
       dump = true;
       if (!strcmp(v, "all")) {
         po.dump_input = true;
@@ -177,63 +170,55 @@ static int cmd_compile(int argc, char **argv) {
           buf_printf(&names, "%safter-%s", k ? ", " : "", pipeline_passes[k].name);
         error("unknown --dump-ir value '%s'; expected all or one of: %s", v, names.data);
         buf_free(&names);
-        free(overrides);
-        return 2;
+        p.rc = 2;
       }
-    } else if (!strncmp(a, "--emit=", 7) || !strcmp(a, "--emit")) {
-      emit = a[6] == '=' ? a + 7 : (i + 1 < argc ? argv[++i] : "");
-      if (strcmp(emit, "ir") && strcmp(emit, "plan") && strcmp(emit, "llvm") && strcmp(emit, "asm") &&
+    } else if (args_value(&p, "--emit", &v)) {
+      emit = v;
+      if (v && strcmp(emit, "ir") && strcmp(emit, "plan") && strcmp(emit, "llvm") && strcmp(emit, "asm") &&
           strcmp(emit, "cuda") && strcmp(emit, "ptx") && strcmp(emit, "cubin")) {
         error("unknown --emit value '%s'; expected ir, plan, llvm, asm, cuda, ptx or cubin", emit);
-        free(overrides);
-        return 2;
+        p.rc = 2;
       }
-    } else if (!strncmp(a, "--target", 8) && (a[8] == '=' || a[8] == 0)) {
-      const char *t = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : "");
-      if (strcmp(t, "cpu") != 0 && strcmp(t, "cuda") != 0) {
-        error("unknown --target '%s'; expected cpu or cuda", t);
-        free(overrides);
-        return 2;
+    } else if (args_value(&p, "--target", &v)) {
+      if (v && strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) {
+        error("unknown --target '%s'; expected cpu or cuda", v);
+        p.rc = 2;
       }
-      cuda = !strcmp(t, "cuda");
-    } else if (!strncmp(a, "--arch", 6) && (a[6] == '=' || a[6] == 0)) {
-      gpu.arch = a[6] == '=' ? a + 7 : (i + 1 < argc ? argv[++i] : "");
-    } else if (!strcmp(a, "--verbose")) {
+      cuda = v && !strcmp(v, "cuda");
+    } else if (args_value(&p, "--arch", &v)) {
+      gpu.arch = v;
+    } else if (args_flag(&p, "--verbose")) {
       verbose = true;
-    } else if (!strncmp(a, "--cpu", 5) && (a[5] == '=' || a[5] == 0)) {
-      target.cpu = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : "");
-    } else if (!strcmp(a, "--time")) {
+    } else if (args_value(&p, "--cpu", &v)) {
+      target.cpu = v;
+    } else if (args_flag(&p, "--time")) {
       timing = true;
-    } else if (!strcmp(a, "--json")) {
+    } else if (args_flag(&p, "--json")) {
       json = true;
-    } else if (!strcmp(a, "--eager")) {
+    } else if (args_flag(&p, "--eager")) {
       eager = true;
-    } else if (!strcmp(a, "--verify-each")) {
+    } else if (args_flag(&p, "--verify-each")) {
       po.verify_each = true;
-    } else if (!strcmp(a, "-o")) {
-      if (i + 1 >= argc) {
-        error("-o needs a file name");
-        free(overrides);
-        return 2;
-      }
-      out_path = argv[++i];
-    } else if (a[0] == '-' && a[1]) {
-      error("unknown option '%s' (see optc compile --help)", a);
-      free(overrides);
-      return 2;
+    } else if (args_value(&p, "-o", &v)) {
+      out_path = v;
+    } else if (args_option(&p)) {
+      args_unknown(&p);
     } else if (!config) {
       config = a;
-    } else if (is_override(a)) {
+    } else if (args_is_override(a)) {
       overrides[nov++] = a;
     } else {
       error("unexpected argument '%s': one CONFIG at a time", a);
-      free(overrides);
-      return 2;
+      p.rc = 2;
     }
+  }
+  if (p.rc) {
+    free(overrides);
+    return p.rc;
   }
   if (!config) {
     fputs("optc: error: no CONFIG given\n", stderr);
-    fputs(usage_main, stderr);
+    print_usage(stderr, NULL);
     free(overrides);
     return 2;
   }
@@ -391,81 +376,41 @@ static int cmd_exec(int argc, char **argv) {
   bool have_fsdp = false;
   Binding *input_sets = NULL; /* for an .optir CONFIG: the --sets that are not options */
   int ninput_sets = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = NULL;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+  Args p;
+  args_init(&p, "optc exec", argc, argv);
+  while (args_next(&p)) {
+    const char *a = p.a, *s;
+    if (args_help(&p)) {
       fputs(usage_exec, stdout);
       rc = 0;
       goto done;
-    }
-    if (!strcmp(a, "--mpi-rank")) {
+    } else if (args_flag(&p, "--mpi-rank")) {
       mpi_rank = true;
-      continue;
-    }
-    if (a[0] == '-' && a[1] == '-' && strchr(a, '=')) {
-      v = strchr(a, '=') + 1; /* --flag=value */
-    } else if (a[0] == '-' && strcmp(a, "--help") && i + 1 < argc) {
-      v = argv[i + 1];
-    }
-#define FLAG(name) (!strncmp(a, name, strlen(name)) && (a[strlen(name)] == 0 || a[strlen(name)] == '='))
-#define TAKE() (strchr(a, '=') ? v : (i++, v))
-    if (FLAG("--in")) {
-      in_path = TAKE();
-    } else if (FLAG("--out")) {
-      out_path = TAKE();
-    } else if (FLAG("--steps")) {
-      const char *s = TAKE();
-      char *end;
-      steps = s ? strtol(s, &end, 10) : 0;
-      if (!s || *end || steps < 1) {
-        error("--steps needs a positive whole number");
-        goto done;
+    } else if (args_value(&p, "--in", &in_path) || args_value(&p, "--out", &out_path)) {
+    } else if (args_long(&p, "--steps", 1, LONG_MAX, &steps) || args_int(&p, "--nproc", 1, 4096, &nproc) ||
+               args_int(&p, "--threads", 1, 1024, &threads)) {
+    } else if (args_value(&p, "--backend", &s)) {
+      if (s && !backend_from_name(s, &backend)) {
+        error("unknown --backend '%s'; expected one of: interp, eager, cpu, cuda", s);
+        p.rc = 2;
       }
-    } else if (FLAG("--backend")) {
-      const char *s = TAKE();
-      if (!s || !backend_from_name(s, &backend)) {
-        error("unknown --backend '%s'; expected one of: interp, eager, cpu, cuda", s ? s : "");
-        goto done;
-      }
-    } else if (FLAG("--nproc")) {
-      const char *s = TAKE();
-      char *end;
-      nproc = s ? (int)strtol(s, &end, 10) : 0;
-      if (!s || *end || nproc < 1 || nproc > 4096) {
-        error("--nproc needs a whole number from 1 to 4096");
-        goto done;
-      }
-    } else if (FLAG("--threads")) {
-      const char *s = TAKE();
-      char *end;
-      threads = s ? (int)strtol(s, &end, 10) : 0;
-      if (!s || *end || threads < 1 || threads > 1024) {
-        error("--threads needs a whole number from 1 to 1024");
-        goto done;
-      }
-    } else if (FLAG("--set")) {
-      const char *s = TAKE();
-      if (!s || !parse_set(s, &sets[nsets])) {
-        if (!s)
-          error("--set needs NAME=VALUE");
-        goto done;
-      }
-      nsets++;
-    } else if (a[0] == '-') {
-      error("unknown option '%s' (see optc exec --help)", a);
-      goto done;
+    } else if (args_value(&p, "--set", &s)) {
+      if (s && !parse_set(s, &sets[nsets]))
+        p.rc = 2;
+      else if (s)
+        nsets++;
+    } else if (args_option(&p)) {
+      args_unknown(&p);
     } else if (!config) {
       config = a;
-    } else if (is_override(a)) {
+    } else if (args_is_override(a)) {
       overrides[nov++] = a;
     } else {
-      error("unexpected argument '%s'", a);
-      goto done;
+      args_unexpected(&p);
     }
-#undef FLAG
-#undef TAKE
   }
+  if (p.rc)
+    goto done;
   if (!config || !in_path || !out_path) {
     error("exec needs CONFIG, --in and --out (see optc exec --help)");
     goto done;
@@ -487,7 +432,7 @@ static int cmd_exec(int argc, char **argv) {
   Graph *g;
   Recipe *recipe = NULL;
   if (recipe_is_config(config)) {
-    recipe = recipe_load(config, overrides, nov, arena);
+    recipe = recipe_open(config, overrides, nov, arena, NULL);
     g = recipe ? frontend_build(recipe) : NULL;
     if (recipe)
       nonfinite = recipe->nonfinite;
@@ -678,38 +623,33 @@ static int cmd_run(int argc, char **argv) {
   bool mpi_rank = false;
   const char **ov = calloc((size_t)argc + 1, sizeof(char *));
   int nov = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+  Args p;
+  args_init(&p, "optc run", argc, argv);
+  int ignored;
+  while (args_next(&p)) {
+    const char *a = p.a;
+    if (args_help(&p)) {
       fputs(usage_run, stdout);
       free(ov);
       return 0;
-    } else if (!strcmp(a, "--mpi-rank")) {
+    } else if (args_flag(&p, "--mpi-rank")) {
       mpi_rank = true;
-    } else if (!strcmp(a, "--threads") && i + 1 < argc) {
-      i++; /* the launcher passes it; the trainer divides the cores itself */
-    } else if (!strcmp(a, "--nproc") && i + 1 < argc) {
-      nproc = atoi(argv[++i]);
-      if (nproc < 1) {
-        error("--nproc needs a positive number");
-        free(ov);
-        return 2;
-      }
-    } else if (!strcmp(a, "--config") && i + 1 < argc) {
-      config = argv[++i];
-    } else if (a[0] == '-') {
-      error("unknown option '%s' (see optc run --help)", a);
-      free(ov);
-      return 2;
-    } else if (!recipe && !is_override(a)) {
+    } else if (args_int(&p, "--threads", 1, 1024, &ignored)) {
+      /* the launcher passes it; the trainer divides the cores itself */
+    } else if (args_int(&p, "--nproc", 1, 4096, &nproc) || args_value(&p, "--config", &config)) {
+    } else if (args_option(&p)) {
+      args_unknown(&p);
+    } else if (!recipe && !args_is_override(a)) {
       recipe = a;
-    } else if (is_override(a)) {
+    } else if (args_is_override(a)) {
       ov[nov++] = a;
     } else {
-      error("unexpected argument '%s'", a);
-      free(ov);
-      return 2;
+      args_unexpected(&p);
     }
+  }
+  if (p.rc) {
+    free(ov);
+    return p.rc;
   }
   if (!recipe || strcmp(recipe, "full_finetune_distributed") != 0) {
     error("optc run runs the full_finetune_distributed recipe: optc run [--nproc N] full_finetune_distributed --config CONFIG");
@@ -732,10 +672,11 @@ static int cmd_run(int argc, char **argv) {
   if (!coll) {
     error("%s", why);
   } else {
-    Recipe *r = recipe_load(config, ov, nov, arena);
+    TrainConfig tc;
+    Recipe *r = recipe_open(config, ov, nov, arena, &tc);
     if (r && coll_rank(coll) == 0)
       recipe_note_unused(r);
-    if (r && train_run(r, coll, &(TrainOptions){.eval = true}, NULL) == 0)
+    if (r && train_run(&tc, coll, &(TrainOptions){.eval = true}, NULL) == 0)
       rc = 0;
   }
   coll_free(coll);
@@ -751,24 +692,28 @@ static int cmd_cat(int argc, char **argv) {
   const char *config = NULL;
   const char **ov = calloc((size_t)argc + 1, sizeof(char *));
   int nov = 0;
-  for (int i = 0; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+  Args p;
+  args_init(&p, "optc cat", argc, argv);
+  while (args_next(&p)) {
+    const char *a = p.a;
+    if (args_help(&p)) {
       puts("usage: optc cat CONFIG [KEY=VALUE | ~KEY ...]\n"
            "\n"
            "Prints CONFIG (a .yaml file or a bundled config: optc ls) as optc reads it:\n"
            "with the overrides applied, ~KEY removed and ${key} references resolved.");
       free(ov);
       return 0;
-    } else if (!config && !is_override(a)) {
+    } else if (!config && !args_is_override(a)) {
       config = a;
-    } else if (is_override(a)) {
+    } else if (args_is_override(a)) {
       ov[nov++] = a;
     } else {
-      error("unexpected argument '%s' (see optc cat --help)", a);
-      free(ov);
-      return 2;
+      args_unexpected(&p);
     }
+  }
+  if (p.rc) {
+    free(ov);
+    return p.rc;
   }
   if (!config) {
     error("optc cat needs a CONFIG (see optc cat --help)");
@@ -776,7 +721,7 @@ static int cmd_cat(int argc, char **argv) {
     return 2;
   }
   Arena *arena = arena_new();
-  Recipe *r = recipe_load(config, ov, nov, arena);
+  Recipe *r = recipe_open(config, ov, nov, arena, NULL);
   if (r) {
     recipe_note_unused(r);
     Buf b = {0};
@@ -789,7 +734,18 @@ static int cmd_cat(int argc, char **argv) {
   return r ? 0 : 1;
 }
 
-static int cmd_ls(void) {
+static int cmd_ls(int argc, char **argv) {
+  Args p;
+  args_init(&p, "optc ls", argc, argv);
+  while (args_next(&p)) {
+    if (args_help(&p)) {
+      puts("usage: optc ls\n\nThe configs bundled in optc, by the name --config takes, and their source.");
+      return 0;
+    }
+    args_unexpected(&p);
+  }
+  if (p.rc)
+    return p.rc;
   for (int i = 0; i < num_builtin_configs; i++)
     printf("%-36s %s\n", builtin_configs[i].name, builtin_configs[i].path);
   return 0;
@@ -833,7 +789,7 @@ static const char usage_data[] =
 /* The recipe's tokenizer, for tokenize and data. */
 static bool load_tokenizer(const char *config, const char *const *ov, int nov, Arena *arena, Recipe **rp,
                            Tokenizer *tok) {
-  Recipe *r = recipe_load(config, ov, nov, arena);
+  Recipe *r = recipe_open(config, ov, nov, arena, NULL);
   if (!r)
     return false;
   const YamlNode *tn = yaml_get(r->root, "tokenizer");
@@ -849,36 +805,29 @@ static bool load_tokenizer(const char *config, const char *const *ov, int nov, A
  * by its name, *num read after --dump. 0 to go on, else the exit code. */
 static int data_args(int argc, char **argv, const char *usage, const char **config, const char **file,
                      bool *decode, long *dump, const char **ov, int *nov) {
-  for (int i = 0; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+  Args p;
+  args_init(&p, decode ? "optc tokenize" : "optc data", argc, argv);
+  while (args_next(&p)) {
+    const char *a = p.a;
+    if (args_help(&p)) {
       fputs(usage, stdout);
       return -1;
-    } else if (!strcmp(a, "--config") && i + 1 < argc) {
-      *config = argv[++i];
-    } else if (!strncmp(a, "--config=", 9)) {
-      *config = a + 9;
-    } else if (decode && !strcmp(a, "--decode")) {
+    } else if (args_value(&p, "--config", config)) {
+    } else if (decode && args_flag(&p, "--decode")) {
       *decode = true;
-    } else if (dump && !strcmp(a, "--dump") && i + 1 < argc) {
-      char *end;
-      *dump = strtol(argv[++i], &end, 10);
-      if (*end || *dump < 0) {
-        error("--dump needs a count of samples (0 or more)");
-        return 2;
-      }
-    } else if (a[0] == '-' && a[1]) {
-      error("unknown option '%s' (see %s)", a, decode ? "optc tokenize --help" : "optc data --help");
-      return 2;
-    } else if (a[0] == '~' || strchr(a, '=')) { /* KEY=VALUE, or ~KEY */
+    } else if (dump && args_long(&p, "--dump", 0, LONG_MAX, dump)) {
+    } else if (args_option(&p)) {
+      args_unknown(&p);
+    } else if (args_is_override(a)) {
       ov[(*nov)++] = a;
     } else if (file && !*file) {
       *file = a;
     } else {
-      error("unexpected argument '%s'", a);
-      return 2;
+      args_unexpected(&p);
     }
   }
+  if (p.rc)
+    return p.rc;
   if (!*config) {
     error("%s needs --config CONFIG", decode ? "optc tokenize" : "optc data");
     return 2;
@@ -1030,51 +979,78 @@ done:
   return rc;
 }
 
+/* ---- the subcommands --------------------------------------------------------------------- */
+
+/* `optc NAME [SUB] ARGS...`: run gets the ARGS after NAME (and SUB). */
+typedef struct {
+  const char *name, *sub;
+  int (*run)(int argc, char **argv);
+  const char *what; /* optc --help's line */
+} Command;
+
+static const Command commands[] = {
+    {"compile", NULL, cmd_compile, "(the default) build, verify and print the step graph"},
+    {"exec", NULL, cmd_exec, "run optimizer steps on tensors from a safetensors file"},
+    {"bench", "optimizer", bench_optimizer,
+     "the step against eager, foreach, a fused loop and the memory bandwidth"},
+    {"bench", "step", bench_step, "a training step, compiled and eager"},
+    {"plan", NULL, cmd_plan, "per-rank memory, traffic and step time of a recipe"},
+    {"run", NULL, cmd_run, "a finetune: optc run [--nproc N] full_finetune_distributed --config CONFIG"},
+    {"tokenize", NULL, cmd_tokenize, "encode (or --decode) lines with a recipe's tokenizer, as torchtune's encode"},
+    {"data", NULL, cmd_data, "a recipe's dataset as torchtune builds it (--dump N: its first samples)"},
+    {"cat", NULL, cmd_cat, "a config as optc reads it (overrides, ~KEY, ${key} resolved)"},
+    {"ls", NULL, cmd_ls, "the bundled configs (--config llama4/scout_17B_16E_full names one)"},
+};
+
+static void print_usage(FILE *f, const char *only) {
+  if (!only)
+    fputs(usage_head, f);
+  for (size_t k = 0; k < ARRAY_LEN(commands); k++) {
+    const Command *c = &commands[k];
+    if (only && strcmp(c->name, only) != 0)
+      continue;
+    char name[32];
+    snprintf(name, sizeof name, "%s%s%s", c->name, c->sub ? " " : "", c->sub ? c->sub : "");
+    fprintf(f, "  %s%-16s %s\n", only ? "optc " : "", name, c->what);
+  }
+  if (!only)
+    fputs("\nRun 'optc SUBCOMMAND --help' for the options of each.\n", f);
+}
+
 int main(int argc, char **argv) {
   /* a file past `ulimit -f` is a write error (EFBIG) that names the file,
    * not a kill */
   signal(SIGXFSZ, SIG_IGN);
   if (argc < 2) {
-    fputs(usage_main, stderr);
+    print_usage(stderr, NULL);
     return 2;
   }
   const char *cmd = argv[1];
   if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
-    fputs(usage_main, stdout);
+    print_usage(stdout, NULL);
     return 0;
   }
   if (!strcmp(cmd, "--version")) {
     printf("optc %s\n", OPTC_VERSION);
     return 0;
   }
-  if (!strcmp(cmd, "compile"))
-    return cmd_compile(argc - 2, argv + 2);
-  if (!strcmp(cmd, "exec"))
-    return cmd_exec(argc - 2, argv + 2);
-  if (!strcmp(cmd, "plan"))
-    return cmd_plan(argc - 2, argv + 2);
-  if (!strcmp(cmd, "run"))
-    return cmd_run(argc - 2, argv + 2);
-  if (!strcmp(cmd, "tokenize"))
-    return cmd_tokenize(argc - 2, argv + 2);
-  if (!strcmp(cmd, "data"))
-    return cmd_data(argc - 2, argv + 2);
-  if (!strcmp(cmd, "cat"))
-    return cmd_cat(argc - 2, argv + 2);
-  if (!strcmp(cmd, "ls"))
-    return cmd_ls();
-  if (!strcmp(cmd, "bench")) {
-    if (argc >= 3 && !strcmp(argv[2], "optimizer"))
-      return bench_optimizer(argc - 3, argv + 3);
-    if (argc >= 3 && !strcmp(argv[2], "step"))
-      return bench_step(argc - 3, argv + 3);
-    if (argc >= 3 && (!strcmp(argv[2], "-h") || !strcmp(argv[2], "--help"))) {
-      puts("usage: optc bench optimizer [options]   the optimizer step, four ways (--help)\n"
-           "       optc bench step --config CONFIG  the training step, compiled and eager (--help)");
-      return 0;
-    }
-    error("usage: optc bench optimizer|step [options]");
-    return 2;
+  bool has_subs = false;
+  for (size_t k = 0; k < ARRAY_LEN(commands); k++) {
+    const Command *c = &commands[k];
+    if (strcmp(c->name, cmd) != 0)
+      continue;
+    if (!c->sub)
+      return c->run(argc - 2, argv + 2);
+    has_subs = true;
+    if (argc >= 3 && !strcmp(argv[2], c->sub))
+      return c->run(argc - 3, argv + 3);
   }
-  return cmd_compile(argc - 1, argv + 1);
+  if (has_subs) { /* optc bench, with no or another subcommand */
+    bool help = argc >= 3 && (!strcmp(argv[2], "-h") || !strcmp(argv[2], "--help"));
+    if (!help)
+      error("optc %s needs one of these:", cmd);
+    print_usage(help ? stdout : stderr, cmd);
+    return help ? 0 : 2;
+  }
+  return cmd_compile(argc - 1, argv + 1); /* optc CONFIG ...: compile */
 }

@@ -13,8 +13,8 @@
  *                            else x (a graph from the front end has none left)
  * Commutative ops get their constant operand second, so that CSE sees
  * x*c and c*x as one value. Values made dead stay for DCE. */
-#include "../passes.h"
-#include "../plan.h"
+#include "passes.h"
+#include "plan.h"
 
 #include <math.h>
 #include <string.h>

@@ -5,7 +5,7 @@
  * reads the buffer as it was before the step), so two loads of one buffer
  * are one value. Commutative operands are compared as a set. Stores,
  * inputs and options are never merged. */
-#include "../passes.h"
+#include "passes.h"
 
 #include <string.h>
 

@@ -5,7 +5,7 @@
  * (StepResult.red; optc.grad_norm's whole point). Everything else goes,
  * inputs included, and so do state buffers that no live load or store
  * names: the executor then never allocates or streams them. */
-#include "../passes.h"
+#include "passes.h"
 
 #include <string.h>
 

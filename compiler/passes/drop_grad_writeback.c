@@ -3,7 +3,7 @@
  * step, so the store (and what only fed it) goes, unless the recipe keeps
  * them (write_back_grads: true marks the buffer `writeback`). For bf16
  * AdamW that is 2 of 16 bytes per element. */
-#include "../passes.h"
+#include "passes.h"
 
 bool pass_drop_grad_writeback(Graph *g) {
   bool *keep = arena_alloc(g->arena, (size_t)g->nins + 1);

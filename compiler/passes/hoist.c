@@ -2,7 +2,7 @@
  * step_size, the grad scale, f32 copies of hyperparameters) move ahead of
  * every per-element value. They are computed once per step, on the host,
  * never in the element loop. Everything else keeps its order. */
-#include "../passes.h"
+#include "passes.h"
 
 bool pass_hoist(Graph *g) {
   int n = g->nins;

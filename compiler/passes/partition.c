@@ -20,7 +20,7 @@
  *
  * Every store lands in the last phase, so that every load in every phase
  * reads the buffers as they were before the step. */
-#include "../passes.h"
+#include "passes.h"
 
 #include <string.h>
 

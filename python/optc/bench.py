@@ -2,7 +2,7 @@
 on the same tensors.
 
 The workload is Llama 4 Scout's tensor mix (torchtune's layout, 627
-tensors, as `optc bench optimizer` takes it from runtime/inventory.c),
+tensors, as `optc bench optimizer` takes it from runtime/model/inventory.c),
 scaled so that params, grads and AdamW's two states fill --gib GiB (default
 1: no cache holds it). Params ~ U(-1, 1), grads ~ U(-0.01, 0.01).
 
@@ -59,7 +59,7 @@ import sys
 import time
 
 
-# ---- Scout's tensor mix (runtime/inventory.c, torchtune's layout) -------------------------------
+# ---- Scout's tensor mix (runtime/model/inventory.c, torchtune's layout) -------------------------------
 
 SCOUT = dict(vocab_size=202048, num_layers=48, num_heads=40, num_kv_heads=8, embed_dim=5120, head_dim=128,
              hidden_dim=8192, shared_hidden_dim=8192, num_experts=16, use_shared_expert=True)

@@ -4,7 +4,7 @@
  * double. */
 #include "llama4.h"
 
-#include "../blas.h"
+#include "blas.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -36,9 +36,10 @@
  * (rows, V) logits fit in 2^25 elements (128 MiB), else a multiple of
  * L4_ROW_BLOCK (at Scout's V = 202048, 128 rows), so the logits never exist
  * for a large batch at once. lm_head's gradient sums over a block's rows
- * at once. Each block's GEMMs pack all of lm_head again: at 64 rows a
- * block the tiny Scout's step at Llama 4's vocabulary took 1.5x as long as
- * at 128 (256 was slower again: the logits no longer stay in cache). */
+ * at once. Each block's GEMMs pack all of lm_head again, so a block must
+ * not be small; nor so large that its logits leave the cache. 128 rows
+ * measured fastest (bench/results.md, "Measurements behind the emitters'
+ * choices"). */
 static size_t head_block_rows(size_t n, size_t V) {
   size_t r = ((size_t)1 << 25) / V;
   r = r < L4_ROW_BLOCK ? L4_ROW_BLOCK : r / L4_ROW_BLOCK * L4_ROW_BLOCK;
@@ -110,6 +111,8 @@ L4Config l4_config_scout(void) {
     .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 1.0, .rope_old_context_len = 8192,
     .norm_eps = 1e-5, .attn_temperature_tuning = 1, .attn_floor_scale = 8192.0,
     .attn_scale = 0.1,
+    .experts_per_token = 1, .use_shared_expert = 1, .tie_word_embeddings = 0,
+    .max_seq_len = 10485760, .component = "torchtune.models.llama4.llama4_scout_17b_16e",
   };
   return c;
 }
@@ -118,6 +121,7 @@ L4Config l4_config_maverick(void) {
   L4Config c = l4_config_scout();
   c.num_experts = 128, c.moe_every_n_layers = 2, c.mlp_hidden_dim = 16384;
   c.use_qk_norm = 0, c.rope_scale_factor = 0;
+  c.max_seq_len = 1048576, c.component = "torchtune.models.llama4.llama4_maverick_17b_128e";
   return c;
 }
 

@@ -10,6 +10,7 @@
  * uses, and in double, which the gradient check uses. A model is created for
  * one precision and runs only in it. */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,6 +34,17 @@ typedef struct {
   double norm_eps;
   /* On NoPE layers q *= log1p(floor((pos + 1) / attn_floor_scale)) * attn_scale + 1. */
   int attn_temperature_tuning; double attn_floor_scale, attn_scale;
+  /* What the model is built with but does not vary: a recipe's model block
+   * (torchtune's builder) and a config.json may name them, and must give
+   * these values (the model's router is top-1, every MoE layer has a shared
+   * expert, lm_head is its own tensor). */
+  int experts_per_token;   /* 1 */
+  int use_shared_expert;   /* 1 */
+  int tie_word_embeddings; /* 0 */
+  /* torchtune's max_seq_len (HF's max_position_embeddings): the longest
+   * sequence the RoPE tables are meant for; the model itself takes any T. */
+  long max_seq_len;
+  const char *component;   /* the builder a recipe named (torchtune.models.llama4...), or NULL */
 } L4Config;
 
 typedef struct { char name[128]; int ndim; int64_t shape[3]; int64_t numel; } L4Tensor;
@@ -167,3 +179,16 @@ double l4_forward_f64(L4Model *m, double *const *params, const int32_t *tokens,
  * entries, valid until the next run; NULL for a dense layer, which routes
  * nothing. For load statistics and for tests. */
 const int32_t *l4_expert_choice(const L4Model *m, int l);
+
+/* ---- inventory.c: a recipe's parameter tensors ---------------------------------------- */
+typedef struct {
+  char name[160];
+  int ndim;
+  int64_t shape[3];
+  int64_t numel;
+} InvTensor;
+
+/* The model's parameter tensors: HF's layout (what optc's model holds and
+ * its checkpoints name), or torchtune's (what torchtune's FSDP shards).
+ * *out is malloc'd; returns the count. */
+int inventory_tensors(const L4Config *m, bool torchtune, InvTensor **out);

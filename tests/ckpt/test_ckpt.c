@@ -1,4 +1,4 @@
-/* test_ckpt.c: HF checkpoint directories (runtime/ckpt.c).
+/* test_ckpt.c: HF checkpoint directories (runtime/io/ckpt.c).
  *   - torchtune's filename_format expansion, and its mistakes;
  *   - huggingface_hub's sizes ("5GB") and its shard grouping;
  *   - a sharded directory written, its index, and read back through the
@@ -9,7 +9,7 @@
  *   - the streaming load of a 6-shard, 192 MB checkpoint, whose peak RSS
  *     must stay within the destination buffer plus a few MB.
  * Prints what it checked; exits 0 when every check passes. */
-#include "../../runtime/rt.h"
+#include "train.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -22,50 +22,21 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../check.h"
-
-static char root[64]; /* the temporary directory */
+#include "../testlib.h"
 
 static const char *at(const char *fmt, ...) PRINTF(1, 2);
 static char paths[64][512];
 static int next_path;
-/* root/..., in one of 64 rotating buffers: a caller keeps a copy of any it
- * needs for long */
+/* test_dir/..., in one of 64 rotating buffers: a caller keeps a copy of any
+ * it needs for long */
 static const char *at(const char *fmt, ...) {
   char *p = paths[next_path++ % 64];
-  int n = snprintf(p, 512, "%s/", root);
+  int n = snprintf(p, 512, "%s/", test_dir);
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(p + n, (size_t)(512 - n), fmt, ap);
   va_end(ap);
   return p;
-}
-
-/* ---- capturing stderr ------------------------------------------------------- */
-
-static int saved_stderr = -1;
-static char captured[65536];
-
-static void capture_begin(void) {
-  fflush(stderr);
-  int fd = open(at("stderr.txt"), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  if (fd < 0 || (saved_stderr = dup(2)) < 0 || dup2(fd, 2) < 0)
-    die("redirecting stderr");
-  close(fd);
-}
-
-static const char *capture_end(void) {
-  fflush(stderr);
-  if (dup2(saved_stderr, 2) < 0)
-    die("restoring stderr");
-  close(saved_stderr);
-  FILE *f = fopen(at("stderr.txt"), "rb");
-  if (!f)
-    die("reading the captured stderr");
-  size_t n = fread(captured, 1, sizeof captured - 1, f);
-  captured[n] = 0;
-  fclose(f);
-  return captured;
 }
 
 /* Every needle is in the message. */
@@ -683,9 +654,7 @@ static void test_clean_stale(void) {
 }
 
 int main(void) {
-  snprintf(root, sizeof root, "/tmp/test_ckpt.XXXXXX");
-  if (!mkdtemp(root))
-    die("mkdtemp");
+  test_dir_make("test_ckpt");
   make_views();
   test_format();
   test_sizes();
@@ -696,7 +665,7 @@ int main(void) {
   test_clean_stale();
   for (int t = 0; t < NSPEC; t++)
     free(data[t]);
-  ckpt_remove_tree(root);
+  test_dir_remove();
   printf("%s: %d checks, %d failed\n", nfailed ? "FAIL" : "PASS", nchecks, nfailed);
   return nfailed ? 1 : 0;
 }

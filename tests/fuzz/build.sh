@@ -9,15 +9,18 @@
 #
 # Every optc object goes into one archive, so each target links only the
 # objects it reaches:
-#   fuzz_ir           compiler: base ir parse verify print frontend yaml
-#                     pipeline passes/* layout lower interp (+ builtins.c)
+#   fuzz_ir           base/ (base.c yamltree.c), compiler/: ir parse verify
+#                     print frontend pipeline passes/* layout lower interp
+#                     (+ builtins.c)
 #   fuzz_recipe       the same
-#   fuzz_safetensors  runtime/safetensors.c + compiler/base.c ir.c
-#   fuzz_dataset      runtime/data.c (with hfdata.c, parquet.c) tokenizer.c
-#                     safetensors.c + the front end (yaml); jansson, pcre2
-#   fuzz_tokenizer    runtime/tokenizer.c + compiler/base.c; pcre2
-#   fuzz_api          api/optc.c + the whole engine: emit_llvm.c jit.c
-#                     exec_cpu.c, the CUDA stubs; LLVM 19
+#   fuzz_safetensors  runtime/io/safetensors.c + base/base.c
+#   fuzz_dataset      runtime/data/ (data.c hfdata.c parquet.c tokenizer.c)
+#                     + base/ (yamltree.c); jansson, pcre2
+#   fuzz_tokenizer    runtime/data/tokenizer.c + base/base.c; pcre2
+#   fuzz_api          api/optc.c + what liboptc holds: compiler/cpu (LLVM
+#                     19), compiler/cuda, runtime/exec/exec_cpu.c
+# The include path is every room's: the layers are meson.build's to check
+# (tests/layers.py).
 # Environment: CC (clang-19), FUZZ_CFLAGS (extra flags, e.g. -O2), JOBS.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -36,14 +39,15 @@ san=(-fsanitize=address,undefined -fno-sanitize-recover=all)
 # shellcheck disable=SC2207
 cflags=(-std=c11 -g -O1 -fno-omit-frame-pointer "${san[@]}" -D_GNU_SOURCE '-DOPTC_VERSION="0.2.0"'
   -ffp-contract=off -Wno-unused-command-line-argument
-  -I"$root/compiler" -I"$root/runtime" -I"$root/runtime/model" -I"$root/include"
+  -I"$root/base" -I"$root/compiler" -I"$root/compiler/cpu" -I"$root/compiler/cuda" -I"$root/runtime"
+  -I"$root/runtime/exec" -I"$root/include" -I"$root/runtime/io" -I"$root/runtime/group" -I"$root/runtime/model"
+  -I"$root/runtime/data" -I"$root/runtime/dist" -I"$root/runtime/train"
   $(pkg-config --cflags yaml-0.1 jansson libpcre2-8) ${FUZZ_CFLAGS:-})
 llvm_cflags=$($LLVM_CONFIG --cflags)
 libs="$($LLVM_CONFIG --ldflags --libs) $(pkg-config --libs yaml-0.1 jansson libpcre2-8) -lopenblas -ldl -lm -lpthread"
 
 # ---- generated sources, as meson.build makes them ---------------------------------
-python3 "$root/compiler/gen_builtins.py" "$out/gen/builtins.c.new" \
-  "$root"/recipes/optimizers/*.optir "$root"/recipes/configs/llama4/*.yaml
+python3 "$root/compiler/gen_builtins.py" optimizers "$out/gen/builtins.c.new" "$root"/recipes/optimizers/*.optir
 python3 - "$root/compiler/numerics.h" "$root/compiler/numerics_mkl.h" "$out/gen/numerics_h.c.new" <<'PY'
 import json, sys
 t = open(sys.argv[1]).read(); m = open(sys.argv[2]).read()
@@ -56,15 +60,16 @@ for g in builtins numerics_h; do # kept when unchanged, so that its object is to
 done
 
 # ---- optc, instrumented for coverage ----------------------------------------------
-srcs="compiler/base.c compiler/ir.c compiler/print.c compiler/parse.c compiler/verify.c compiler/yaml.c
+srcs="base/base.c compiler/ir.c compiler/print.c compiler/parse.c compiler/verify.c base/yamltree.c
   compiler/frontend.c compiler/pipeline.c compiler/passes/dce.c compiler/passes/canonicalize.c
   compiler/passes/cse.c compiler/passes/hoist.c compiler/passes/drop_grad_writeback.c
   compiler/passes/partition.c compiler/layout.c compiler/interp.c compiler/lower.c compiler/cache.c
-  compiler/emit_llvm.c compiler/jit.c compiler/emit_cuda.c compiler/nvrtc.c
-  runtime/exec_cpu.c runtime/exec_cuda.c runtime/safetensors.c runtime/group.c runtime/inventory.c
-  runtime/sched.c runtime/fsdp.c runtime/launch.c runtime/data.c runtime/train.c runtime/ckpt.c
-  runtime/ckpt_config.c runtime/model/llama4.c runtime/blas.c runtime/tokenizer.c runtime/eager.c
-  runtime/coll_local.c runtime/coll_mpi_none.c runtime/coll_nccl_none.c api/optc.c"
+  compiler/cpu/emit_llvm.c compiler/cpu/lanes.c compiler/cpu/variants.c compiler/cpu/jit.c compiler/cuda/emit_cuda.c compiler/cuda/nvrtc.c compiler/cuda/driver.c
+  runtime/exec/exec_cpu.c runtime/exec/exec_cuda.c runtime/io/safetensors.c runtime/group/group.c
+  runtime/model/inventory.c runtime/train/sched.c runtime/dist/fsdp.c runtime/dist/launch.c runtime/data/data.c runtime/data/hfdata.c runtime/data/parquet.c
+  runtime/train/train.c runtime/train/config.c runtime/io/ckpt.c runtime/train/ckpt_config.c runtime/model/llama4.c runtime/model/blas.c
+  runtime/data/tokenizer.c runtime/exec/eager.c runtime/dist/coll_local.c runtime/dist/coll_mpi_none.c
+  runtime/dist/coll_nccl_none.c api/optc.c"
 objs=()
 failed=0
 compile() { # SRC OBJ [FLAGS...]
@@ -90,7 +95,7 @@ for s in $srcs; do
   o=$out/obj/$(echo "$s" | tr / _).o
   objs+=("$o")
   extra=()
-  case $s in compiler/emit_llvm.c|compiler/jit.c) read -ra extra <<<"$llvm_cflags" ;; esac
+  case $s in compiler/cpu/*.c) read -ra extra <<<"$llvm_cflags" ;; esac
   up_to_date "$o" && continue
   while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
   compile "$root/$s" "$o" "${extra[@]}" &

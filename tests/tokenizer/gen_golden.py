@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """gen_golden.py: writes tests/tokenizer/golden.jsonl, the expected output of
 torchtune's own Llama 4 tokenizer, which tests/test_tokenizer.c checks the C
-tokenizer (runtime/tokenizer.c) against, exactly.
+tokenizer (runtime/data/tokenizer.c) against, exactly.
 
     .venv/bin/python tests/tokenizer/gen_golden.py TORCHTUNE_SRC MODEL OUT
 

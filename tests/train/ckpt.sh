@@ -11,7 +11,8 @@
 #      fp32 recipe widens bf16 weights and writes F32;
 #   4. a checkpoint with a shard missing, a tensor missing from the index,
 #      or a config.json that contradicts the recipe's dims, is refused with
-#      a message naming the file and the tensor or key.
+#      a message naming the file and the tensor or key; so is
+#      checkpoint_files with no checkpoint_dir.
 #   ckpt.sh OPTC PYTHON ROOT [MPI]
 set -eu
 optc=$1 python=$2 root=$3 mpi=${4:-yes}
@@ -21,11 +22,16 @@ trap 'rm -rf "$work"' EXIT
 # a small held-out split keeps the evaluations short
 small="dataset.num_samples=400 checkpointer.max_shard_size=200KB"
 run() { "$optc" run full_finetune_distributed --config "$cfg" $small "$@"; }
+# losses METRICS N: the N logged steps' losses, or a failure when the log
+# does not hold exactly steps 1..N (two empty logs are not the same run)
 losses() { "$python" -c 'import json,sys
 seen={}
 for l in open(sys.argv[1]):
     d=json.loads(l); seen[d["step"]]=d["loss"]
-print(" ".join("%.9g" % seen[k] for k in sorted(seen)))' "$1"; }
+n=int(sys.argv[2])
+if sorted(seen) != list(range(1, n + 1)):
+    sys.exit("FAIL: %s logs steps %s, not 1..%d" % (sys.argv[1], sorted(seen), n))
+print(" ".join("%.9g" % seen[k] for k in sorted(seen)))' "$1" "$2"; }
 fail() { echo "FAIL: $*"; exit 1; }
 
 echo "== 1. a sharded checkpoint directory"
@@ -58,7 +64,7 @@ run max_steps=8 output_dir="$work/u" 2> "$work/u.log"
 run max_steps=4 output_dir="$work/k" 2> "$work/k.log"
 run max_steps=8 output_dir="$work/k" resume_from_checkpoint=true 2> "$work/r.log"
 grep resuming "$work/r.log"
-a=$(losses "$work/u/logs/metrics.jsonl"); b=$(losses "$work/k/logs/metrics.jsonl")
+a=$(losses "$work/u/logs/metrics.jsonl" 8); b=$(losses "$work/k/logs/metrics.jsonl" 8)
 echo "uninterrupted: $a"; echo "resumed:       $b"
 [ "$a" = "$b" ] || fail "the resumed run's losses differ"
 for f in $(cd "$work/u/step_8" && ls *.safetensors); do
@@ -69,7 +75,7 @@ if [ "$mpi" = yes ]; then
   "$optc" run --nproc 2 full_finetune_distributed --config "$cfg" $small max_steps=4 output_dir="$work/k2" 2> "$work/k2.log"
   "$optc" run --nproc 2 full_finetune_distributed --config "$cfg" $small max_steps=8 output_dir="$work/k2" \
     resume_from_checkpoint=true 2> "$work/r2.log"
-  a=$(losses "$work/u2/logs/metrics.jsonl"); b=$(losses "$work/k2/logs/metrics.jsonl")
+  a=$(losses "$work/u2/logs/metrics.jsonl" 8); b=$(losses "$work/k2/logs/metrics.jsonl" 8)
   echo "2 ranks, uninterrupted: $a"; echo "2 ranks, resumed:       $b"
   [ "$a" = "$b" ] || fail "the resumed 2-rank run's losses differ"
   for f in $(cd "$work/u2/step_8" && ls *.safetensors); do
@@ -161,4 +167,8 @@ if run max_steps=1 output_dir="$work/x4" checkpointer.checkpoint_dir="$d" \
   fail "a filename_format with one placeholder was accepted"
 fi
 expect "$work/x4.log" "exactly two"
+if run max_steps=1 output_dir="$work/x5" '~checkpointer.checkpoint_dir' 2> "$work/x5.log"; then
+  fail "checkpoint_files: [] with no checkpoint_dir was accepted (a random start, silently)"
+fi
+expect "$work/x5.log" "scout_tiny_full.yaml:47:3: error: checkpointer.checkpoint_files: given without a checkpoint_dir"
 echo "ok"
