@@ -252,8 +252,8 @@ optc_status optc_step_new(const optc_spec *spec, optc_step **out, optc_error *er
       spec->nonfinite > OPTC_NONFINITE_ERROR)
     return fail(&c, err, OPTC_ERR_INVALID, "optc_step_new: clip or nonfinite out of range");
   if (spec->torch_cpu && strcmp(spec->torch_cpu, "avx512") && strcmp(spec->torch_cpu, "avx2") &&
-      strcmp(spec->torch_cpu, "auto"))
-    return fail(&c, err, OPTC_ERR_INVALID, "optc_step_new: torch_cpu '%s': expected avx512, avx2 or auto",
+      strcmp(spec->torch_cpu, "amd") && strcmp(spec->torch_cpu, "auto"))
+    return fail(&c, err, OPTC_ERR_INVALID, "optc_step_new: torch_cpu '%s': expected avx512, avx2, amd or auto",
                 spec->torch_cpu);
   /* The spec as a recipe: the front end checks every name and range. */
   Buf y = {0};
@@ -462,6 +462,30 @@ static bool same_numel(const GroupLayout *l, int n, const int64_t *numel) {
     if (l->numel[t] != numel[t])
       return false;
   return true;
+}
+
+optc_status optc_torch_sqrt(const char *torch_cpu, const float *x, float *y, int64_t n, optc_error *err) {
+  Capture c;
+  capture_begin(&c);
+  if (n < 0 || (n > 0 && (!x || !y)))
+    return fail(&c, err, OPTC_ERR_INVALID, "optc_torch_sqrt: %s", n < 0 ? "n < 0" : "x or y is NULL");
+  TorchCpu cpu;
+  if (!torch_cpu || !strcmp(torch_cpu, "auto"))
+    cpu = torch_cpu_host();
+  else if (!strcmp(torch_cpu, "avx512"))
+    cpu = TORCH_CPU_AVX512;
+  else if (!strcmp(torch_cpu, "avx2"))
+    cpu = TORCH_CPU_AVX2;
+  else if (!strcmp(torch_cpu, "amd"))
+    cpu = TORCH_CPU_AMD;
+  else
+    return fail(&c, err, OPTC_ERR_INVALID, "optc_torch_sqrt: torch_cpu '%s': expected avx512, avx2, amd or auto",
+                torch_cpu);
+  for (int64_t i = 0; i < n; i++)
+    y[i] = cpu == TORCH_CPU_AVX512 ? optc_sqrt_mkl_f32(x[i])
+           : cpu == TORCH_CPU_AMD  ? optc_sqrt_mkl_ex_f32(x[i])
+                                   : sqrtf(x[i]);
+  return capture_end(&c, err);
 }
 
 int64_t optc_flat_layout(int ntensors, const int64_t *numel, int64_t *offset) {

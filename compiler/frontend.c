@@ -33,7 +33,7 @@ static const char *const impl_keys[] = {"foreach", "fused", "capturable", "diffe
 /* The bodies' own knobs for torch's rounding on the CPU, set from the recipe's
  * torch_cpu and dtypes (bind_torch_cpu) or at run time (torch_threads): not
  * optimizer keys. */
-static const char *const torch_cpu_knobs[] = {"mkl_sqrt", "lowp", "lowp_state", "fused_vec", "torch_vec",
+static const char *const torch_cpu_knobs[] = {"mkl_sqrt", "mkl_sqrt_ex", "lowp", "lowp_state", "fused_vec", "torch_vec",
                                               "torch_threads"};
 
 static bool is_torch_cpu_knob(const char *name) {
@@ -46,19 +46,22 @@ static bool is_torch_cpu_knob(const char *name) {
 TorchCpu torch_cpu_host(void) {
   /* What differs is MKL's f32 sqrt, and MKL picks its kernels by the CPU's
    * vendor as well as its features: its AVX-512 path (ATen's AVX512
-   * capability needs F, BW, VL and DQ too) on Intel's CPUs. On one CI
-   * machine torch reported AVX512 and still differed from the AVX-512 model
-   * in every f32 case that takes a square root. This is a guess made
-   * without torch; optc.torch and the tests ask torch itself
-   * (optc.torch.torch_cpu). */
+   * capability needs F, BW, VL and DQ too) on Intel's CPUs, its generic
+   * kernel on every CPU that is not Intel's, whatever its features (an AMD
+   * EPYC with AVX-512 runs it). This is a guess made without torch;
+   * optc.torch and the tests ask torch itself (optc.torch.torch_cpu). */
   __builtin_cpu_init();
-  if (__builtin_cpu_is("intel") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+  if (!__builtin_cpu_is("intel"))
+    return TORCH_CPU_AMD;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
     return TORCH_CPU_AVX512;
   return TORCH_CPU_AVX2;
 }
 
-const char *torch_cpu_name(TorchCpu c) { return c == TORCH_CPU_AVX512 ? "avx512" : "avx2"; }
+const char *torch_cpu_name(TorchCpu c) {
+  return c == TORCH_CPU_AVX512 ? "avx512" : c == TORCH_CPU_AMD ? "amd" : "avx2";
+}
 
 static const BuiltinOptimizer *find_builtin(const char *name) {
   for (int i = 0; i < num_builtin_optimizers; i++)
@@ -637,8 +640,10 @@ Recipe *recipe_from_text(const char *name, const char *text, const char *const *
       r->torch_cpu = TORCH_CPU_AVX512;
     else if (strcmp(c, "avx2") == 0)
       r->torch_cpu = TORCH_CPU_AVX2;
+    else if (strcmp(c, "amd") == 0)
+      r->torch_cpu = TORCH_CPU_AMD;
     else if (strcmp(c, "auto") != 0) {
-      error_at(v->pos, "torch_cpu: expected auto, avx512 or avx2, found '%s'", c);
+      error_at(v->pos, "torch_cpu: expected auto, avx512, avx2 or amd, found '%s'", c);
       return NULL;
     }
   }
@@ -988,6 +993,7 @@ static bool copy_body(Builder *b, const Graph *body, Ref grad) {
 
 /* What the body's torch-build inputs and options are on r->torch_cpu:
  *   mkl_sqrt        for-loop sqrt of f32 tensors: MKL's AVX-512 one
+ *   mkl_sqrt_ex     ... MKL's generic one (torch_cpu amd)
  *   lowp            16-bit tensors: the scalar tails of torch's 16-bit loops
  *                   (every 32 elements on both builds: torch_vec's default)
  *   lowp_state      with lowp, whether the states are 16-bit too: torch
@@ -1000,6 +1006,7 @@ static void bind_torch_cpu(Recipe *r) {
   bool avx512 = r->torch_cpu == TORCH_CPU_AVX512;
   bool lowp = r->param_dtype == TY_BF16 || r->param_dtype == TY_F16;
   bind(r, "mkl_sqrt", !r->fused && avx512 && r->state_dtype == TY_F32);
+  bind(r, "mkl_sqrt_ex", !r->fused && r->torch_cpu == TORCH_CPU_AMD && r->state_dtype == TY_F32);
   bind(r, "lowp", lowp);
   bind(r, "lowp_state", r->state_dtype == r->param_dtype);
   bind(r, "fused_vec", lowp ? 16 : 8);

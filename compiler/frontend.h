@@ -13,7 +13,11 @@ typedef enum { NONFINITE_SKIP, NONFINITE_ERROR, NONFINITE_PROPAGATE } NonfiniteM
  * dispatches to (ATen's CPU capability) and which sqrt its MKL computes.
  * `torch_cpu: auto` (the default) is what torch and MKL pick on this
  * machine: avx512 on an Intel CPU with AVX-512 F/BW/VL/DQ, else avx2. */
-typedef enum { TORCH_CPU_AVX512, TORCH_CPU_AVX2 } TorchCpu;
+/* Which torch build's CPU bits a step gives: its f32 sqrt is MKL's, and MKL
+ * picks that by the CPU (numerics_mkl.h): AVX512 on Intel's AVX-512 CPUs,
+ * AVX2 (IEEE's sqrt) on Intel's others, AMD on CPUs MKL does not take for
+ * Intel's (its generic kernel, from the CPU's own RSQRTPS). */
+typedef enum { TORCH_CPU_AVX512, TORCH_CPU_AVX2, TORCH_CPU_AMD } TorchCpu;
 TorchCpu torch_cpu_host(void);
 const char *torch_cpu_name(TorchCpu c);
 

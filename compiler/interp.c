@@ -131,6 +131,7 @@ static float arith_f(Op op, float a, float b, float c) {
   case OP_FMA: return fmaf(a, b, c);
   case OP_LERP: return optc_lerpf(a, b, c);
   case OP_SQRT_MKL: return optc_sqrt_mkl_f32(a);
+  case OP_SQRT_MKL_EX: return optc_sqrt_mkl_ex_f32(a);
   default: unreachable();
   }
 }
@@ -153,7 +154,8 @@ static double arith_d(Op op, double a, double b, double c) {
   case OP_LOG: return log(a);
   case OP_FMA: return fma(a, b, c);
   case OP_LERP: return optc_lerpd(a, b, c);
-  case OP_SQRT_MKL: return sqrt(a); /* MKL's f64 sqrt is IEEE */
+  case OP_SQRT_MKL:
+  case OP_SQRT_MKL_EX: return sqrt(a); /* MKL's f64 sqrt is IEEE */
   default: unreachable();
   }
 }

@@ -190,4 +190,50 @@ OPTC_FN float optc_sqrt_mkl_f32(float x) {
   return optc_fma_f32(e, h, s) * down;
 }
 
+/* ---- sqrt as torch on a CPU MKL does not take for Intel's ---------------- */
+/* MKL's dispatcher (mkl_vml_serv_cpu_detect) gives a CPU that is not Intel's
+ * its generic kernel, mkl_vml_kernel_sSqrt_EXHAynn, whatever its features:
+ * torch on an AMD EPYC (torch 2.15.0, MKL 2024.2) runs it, and this model
+ * equals torch.sqrt there on all 2^32 inputs, NaNs bit for bit (1 and 2
+ * threads, every tensor length and offset tried: the vector body and the
+ * tail are one sequence). It starts from the CPU's own RSQRTPS, whose
+ * table is the CPU's (AMD's differs from Intel's, and may differ between
+ * AMD's generations), so the model runs that instruction: its bits are the
+ * bits torch gets on this CPU. Then one Newton step in separate f32 ops,
+ * no fma (the kernel is SSE2):
+ *
+ *   y = rsqrtps(x), s = x*y, h = y*0.5, e = 0.5 - s*h
+ *   s1 = s*e + s, h1 = e*h + h, d = x - s1*s1, r = d*h1 + s1
+ *
+ * for x from the smallest normal to 0x7f7ff000; the other inputs are its
+ * rare lanes: NaN quieted (x + x: sign and payload kept), +inf and +-0
+ * themselves, any other x < 0 (-inf and negative subnormals too) the
+ * positive quiet NaN 0x7fc00000, and positive subnormals and x above
+ * 0x7f7ff000 IEEE's sqrt. With MXCSR's defaults (round to nearest, no FTZ
+ * or DAZ), which MKL sets for the call. Host C only: NVRTC never sees it
+ * (a GPU has no RSQRTPS; emit_cuda.c refuses the op). */
+#if !defined(__CUDACC__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+
+OPTC_FN float optc_rsqrtps_f32(float x) { return _mm_cvtss_f32(_mm_rsqrt_ss(_mm_set_ss(x))); }
+
+OPTC_FN float optc_sqrt_mkl_ex_f32(float x) {
+  uint32_t u = optc_f32_bits(x);
+  if (u - 0x00800000u <= 0x7f7ff000u - 0x00800000u) {
+    float y = optc_rsqrtps_f32(x);
+    float s = x * y, h = y * 0.5f;
+    float e = 0.5f - s * h;
+    float s1 = s * e + s, h1 = e * h + h;
+    float d = x - s1 * s1;
+    return d * h1 + s1;
+  }
+  uint32_t mag = u & 0x7fffffffu;
+  if (mag > 0x7f800000u)
+    return optc_bits_f32(u | 0x00400000u);
+  if ((u >> 31) && mag != 0)
+    return optc_bits_f32(0x7fc00000u);
+  return _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(x)));
+}
+#endif
+
 #endif

@@ -190,6 +190,15 @@ typedef struct {
 optc_status optc_step_run(optc_step *s, const optc_buffers *b, const optc_scalar *scalars, int nscalars,
                           int threads, optc_result *res, optc_error *err);
 
+/* ---- torch's arithmetic ------------------------------------------------------- */
+/* torch.sqrt of a float32 CPU tensor, as optc computes it for a torch_cpu
+ * ("avx512", "avx2", "amd"; NULL or "auto": this CPU's guess): MKL's
+ * AVX-512 kernel, IEEE's sqrt, or MKL's generic kernel, which starts from
+ * this CPU's RSQRTPS. y[i] = sqrt(x[i]) for n values. A caller with torch
+ * compares it with torch's own to learn which torch_cpu gives its bits
+ * (optc.torch.torch_cpu does). */
+optc_status optc_torch_sqrt(const char *torch_cpu, const float *x, float *y, int64_t n, optc_error *err);
+
 /* ---- threads --------------------------------------------------------------------- */
 /* A step runs on a pool of threads. By default each step object makes its
  * own, of optc_step_run's `threads`. A caller with loops of its own (a

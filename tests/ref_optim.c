@@ -209,6 +209,32 @@ float ref_sqrt_mkl(float x) {
 #endif
 }
 
+/* MKL's generic kernel (mkl_vml_kernel_sSqrt_EXHAynn), as its instructions
+ * run: RSQRTSS for the seed, then mulss/subss/addss one at a time. */
+float ref_sqrt_mkl_ex(float x) {
+#if REF_X86
+  uint32_t u = bits_of(x);
+  if (isnan(x))
+    return of_bits(u | 0x00400000u);
+  if (x == 0.0f || x == INFINITY)
+    return x;
+  if (x < 0.0f)
+    return of_bits(0x7fc00000u);
+  if (u < 0x00800000u || u > 0x7f7ff000u) /* subnormal, or where x - s1*s1 could overflow */
+    return sqrtf(x);
+  float y = _mm_cvtss_f32(_mm_rsqrt_ss(_mm_set_ss(x)));
+  /* mulf rounds each product before the add or subtract sees it: no fma */
+  float s = mulf(x, y), h = mulf(y, 0.5f);
+  float e = 0.5f - mulf(s, h);
+  float s1 = mulf(s, e) + s, h1 = mulf(e, h) + h;
+  float d = x - mulf(s1, s1);
+  return mulf(d, h1) + s1;
+#else
+  (void)x;
+  return NAN;
+#endif
+}
+
 /* ---- torch's CPU loops --------------------------------------------------------- */
 
 enum { TORCH_GRAIN = 32768, TORCH_TAIL_BLOCK = 32 };
@@ -363,8 +389,9 @@ static void t_addcdiv_(Ten *self, const Ten *t1, const Ten *t2, double value) {
 /* x.sqrt_() */
 static void t_sqrt_(const Ctx *c, Ten *x) {
   int mkl = x->dt == REF_F32 && c->run->sqrt == REF_SQRT_MKL;
+  int mkl_ex = x->dt == REF_F32 && c->run->sqrt == REF_SQRT_MKL_EX;
   for (int64_t i = 0; i < x->n; i++)
-    x->v[i] = ref_round(x->dt, mkl ? ref_sqrt_mkl(x->v[i]) : sqrtf(x->v[i]));
+    x->v[i] = ref_round(x->dt, mkl ? ref_sqrt_mkl(x->v[i]) : mkl_ex ? ref_sqrt_mkl_ex(x->v[i]) : sqrtf(x->v[i]));
 }
 
 static Ten *t_sqrt(Ctx *c, const Ten *x) {

@@ -57,7 +57,14 @@
  *                             e = fma(-s, s, x), r = fma(e, h, s), with x
  *                             scaled by 2^48 (r by 2^-24) below 2^-102;
  *                             0, -0, +inf give x, x < 0 gives 0x7fc00000,
- *                             a NaN is quieted. 16-bit tensors: IEEE sqrt.
+ *                             a NaN is quieted. With amd (REF_SQRT_MKL_EX),
+ *                             MKL's generic kernel: y = rsqrtps(x) (the
+ *                             CPU's own), s = x*y, h = y*0.5, e = 0.5 - s*h,
+ *                             s1 = s*e + s, h1 = e*h + h, d = x - s1*s1,
+ *                             r = d*h1 + s1, each op rounded (no fma), for
+ *                             normal x up to 0x7f7ff000; a NaN quieted,
+ *                             x < 0 (but -0) 0x7fc00000, else IEEE sqrt.
+ *                             16-bit tensors: IEEE sqrt.
  *   torch.maximum(a, b)       NaN if either is NaN, else the larger
  *   x.sign_()                 (0 < x) - (x < 0): sign(NaN) = sign(-0) = +0
  * and each result is stored in its tensor (rounded to its dtype) before the
@@ -145,7 +152,7 @@ typedef enum { REF_ADAMW, REF_ADAM, REF_SGD, REF_LION, REF_ADAGRAD, REF_RMSPROP 
 
 /* The for-loop's sqrt of an f32 tensor: IEEE's (torch_cpu avx2) or MKL's
  * (avx512). */
-typedef enum { REF_SQRT_IEEE, REF_SQRT_MKL } RefSqrt;
+typedef enum { REF_SQRT_IEEE, REF_SQRT_MKL, REF_SQRT_MKL_EX } RefSqrt;
 
 typedef struct {
   RefOptim kind;
@@ -223,6 +230,9 @@ double ref_step(const RefHyper *h, RefDType pdt, RefDType gdt, RefDType sdt, Ref
  * else NaN. */
 int ref_sqrt_mkl_supported(void);
 float ref_sqrt_mkl(float x);
+/* MKL's generic vsSqrt kernel (what it runs on CPUs that are not Intel's),
+ * on this CPU's own RSQRTSS; x86 only (NaN elsewhere). */
+float ref_sqrt_mkl_ex(float x);
 
 /* The offset of element i of an n-element tensor into the scalar tail of
  * its range in torch's 16-bit loops (blocks of 32, threads as above), or

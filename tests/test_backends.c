@@ -384,7 +384,89 @@ static void test_recip(void) {
         by_kind[1]);
 }
 
+/* ---- MKL's generic sqrt (torch_cpu: amd) --------------------------------------------------- */
+
+/* sqrt_mkl_ex, compiled for this CPU (and for haswell, whose AVX2 code an
+ * AVX-512 CPU runs too), against numerics_mkl.h's optc_sqrt_mkl_ex_f32 on
+ * every f32 in [1, 4) (all 2^23 significands with both exponent parities:
+ * RSQRTPS reads no more of its input), every exponent's edges, the rare
+ * lanes (zeros, subnormals, the top of the range, infinities, NaNs with
+ * payloads) and random bit patterns. Both take this CPU's RSQRTPS, so
+ * they agree wherever they run; torch's bits are checked by tests/torch. */
+static void test_sqrt_mkl_ex(void) {
+  const char *text = "param @param : f32\ngrad @grad : f32\n%g = load @grad : f32\n"
+                     "%r = sqrt_mkl_ex %g : f32\nstore @param, %r\n";
+  Arena *arena = arena_new();
+  Graph *g = build_optir("<sqrt_mkl_ex>", text, arena);
+  ASSERT(g);
+  enum { SPAN = 1 << 24, EDGES = 256 * 64, RANDOM = 1 << 20 };
+  int64_t n = SPAN + EDGES + RANDOM;
+  GroupLayout l;
+  layout_init(&l, 1, &n);
+  float *in = alloc64((size_t)l.total * 4), *out = alloc64((size_t)l.total * 4);
+  int64_t k = 0;
+  for (uint32_t i = 0; i < SPAN; i++) /* [1, 4): 0x3f800000 .. 0x407fffff */
+    ((uint32_t *)in)[k++] = 0x3f800000u + i;
+  for (uint32_t e = 0; e < 256; e++) /* each exponent's lowest and highest significands, both signs */
+    for (uint32_t j = 0; j < 64; j++) {
+      uint32_t mant = j < 16 ? j : j < 32 ? 0x7fffffu - (j - 16) : (0x400000u + (j - 32) * 4099u) & 0x7fffffu;
+      ((uint32_t *)in)[k++] = (j & 1u) << 31 ^ (e << 23 | mant);
+    }
+  rng = 1234;
+  for (int i = 0; i < RANDOM; i++)
+    ((uint32_t *)in)[k++] = (uint32_t)(uniform() * 4294967296.0);
+  static const char *const cpus[] = {NULL, "haswell"};
+  ThreadPool *pool = pool_create(2);
+  for (int c = 0; c < 2; c++) {
+    CpuProgram *prog = cpu_compile(g, &(CpuTarget){.cpu = cpus[c], .no_cache = true}, NULL);
+    ASSERT(prog);
+    memset(out, 0, (size_t)l.total * 4);
+    void *bufs[2];
+    bufs[graph_find_buffer(g, "param")] = out;
+    bufs[graph_find_buffer(g, "grad")] = in;
+    StepArgs args = {NULL, 1};
+    StepResult r;
+    cpu_step(prog, pool, g, &l, bufs, &args, &r);
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++) {
+      float want = optc_sqrt_mkl_ex_f32(in[i]);
+      if (optc_f32_bits(want) != optc_f32_bits(out[i]) && bad++ == 0)
+        first = i;
+    }
+    CHECK(bad == 0, "sqrt_mkl_ex (%s code): %lld of %lld differ from numerics_mkl.h, first 0x%08x: 0x%08x vs 0x%08x",
+          cpus[c] ? cpus[c] : "this CPU's", (long long)bad, (long long)n, first < 0 ? 0 : optc_f32_bits(in[first]),
+          first < 0 ? 0 : optc_f32_bits(out[first]), first < 0 ? 0 : optc_f32_bits(optc_sqrt_mkl_ex_f32(in[first])));
+    cpu_program_free(prog);
+  }
+  /* and the model against IEEE's sqrt: within an ulp on [1, 4) (at the
+   * bottom of the normals its unscaled Newton step is further off, as
+   * torch's is), and IEEE's on the rare lanes that are not NaN or < 0 */
+  int64_t off = 0, far = 0, rare_bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    float x = in[i], m = optc_sqrt_mkl_ex_f32(x), ieee = sqrtf(x);
+    uint32_t u = optc_f32_bits(x);
+    bool fast = u - 0x00800000u <= 0x7f7ff000u - 0x00800000u;
+    long long d = llabs((long long)optc_f32_bits(m) - (long long)optc_f32_bits(ieee));
+    if (fast && d) {
+      off++;
+      far += i < SPAN && d > 1;
+    }
+    if (!fast && !(isnan(x) || (u >> 31 && (u & 0x7fffffffu))) && optc_f32_bits(m) != optc_f32_bits(ieee))
+      rare_bad++;
+  }
+  CHECK(far == 0, "sqrt_mkl_ex is more than 1 ulp from IEEE's sqrt at %lld inputs in [1, 4)", (long long)far);
+  CHECK(rare_bad == 0, "sqrt_mkl_ex's rare lanes are not IEEE's sqrt (%lld)", (long long)rare_bad);
+  printf("sqrt_mkl_ex: %lld inputs, this CPU's and haswell's code equal numerics_mkl.h's model; %lld of them 1 ulp "
+         "from IEEE's sqrt\n", (long long)n, (long long)off);
+  pool_free(pool);
+  free(in);
+  free(out);
+  layout_free(&l);
+  arena_free(arena);
+}
+
 int main(void) {
+  test_sqrt_mkl_ex();
   test_recip();
   test_index64();
   test_cache();

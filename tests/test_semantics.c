@@ -472,7 +472,7 @@ int main(void) {
       {"bf16-fp32states", "dtype: bf16\noptimizer_state_dtype: fp32\n", REF_BF16, REF_BF16, REF_F32},
       {"fp32-bf16states", "dtype: fp32\noptimizer_state_dtype: bf16\n", REF_F32, REF_F32, REF_BF16},
   };
-  Cpu avx512 = {"avx512", REF_SQRT_MKL}, avx2 = {"avx2", REF_SQRT_IEEE};
+  Cpu avx512 = {"avx512", REF_SQRT_MKL}, avx2 = {"avx2", REF_SQRT_IEEE}, amd = {"amd", REF_SQRT_MKL_EX};
   if (!ref_sqrt_mkl_supported())
     printf("# this CPU has no AVX-512: the avx512 references are skipped\n");
   pool = pool_create(3);
@@ -484,14 +484,16 @@ int main(void) {
         continue;
       for (size_t l = 0; l < ARRAY_LEN(layouts); l++)
         for (int clip = 0; clip < 2; clip++) {
-          Run r2 = {&cases[c], &layouts[l], &avx2, clip, fused}, r5 = r2;
+          Run r2 = {&cases[c], &layouts[l], &avx2, clip, fused}, r5 = r2, ra = r2;
           r5.cpu = &avx512;
+          ra.cpu = &amd;
           run_one(&r2);
           runs++;
           bool takes_f32_sqrt = !fused && layouts[l].s == REF_F32 && kind != REF_SGD && kind != REF_LION;
           if (takes_f32_sqrt) {
             run_one(&r5);
-            runs++;
+            run_one(&ra);
+            runs += 2;
             continue;
           }
           char label[160];

@@ -591,7 +591,7 @@ static int stages(E *e, const Loop *lp) {
       for (int k = 0; k < op_info[x->op].nargs; k++)
         if (in_body(&g->ins[x->args[k]]))
           d = MAX(d, e->stage[x->args[k]]);
-      if (x->op == OP_DIV || x->op == OP_SQRT || x->op == OP_RSQRT || x->op == OP_SQRT_MKL)
+      if (x->op == OP_DIV || x->op == OP_SQRT || x->op == OP_RSQRT || x->op == OP_SQRT_MKL || x->op == OP_SQRT_MKL_EX)
         d = MIN(d + 1, most - 1);
     }
     e->stage[i] = (uint8_t)d;

@@ -342,6 +342,50 @@ static LLVMValueRef sqrt_mkl(E *e, LLVMValueRef x) {
   return LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntUGT, mag, ci32(e, 0x7f800000), ""), quiet, r, "");
 }
 
+/* optc_sqrt_mkl_ex_f32 on W lanes: this CPU's rsqrtps (SSE's, four lanes a
+ * call: torch's MKL kernel is SSE2, and the table is the CPU's, whatever
+ * the encoding), the Newton step in separate f32 ops, then the rare lanes. */
+static LLVMValueRef sqrt_mkl_ex(E *e, LLVMValueRef x) {
+  LLVMBuilderRef b = e->b;
+  LLVMTypeRef vf = vec(e->tf32, W), vi = vec(e->ti32, W);
+  LLVMValueRef part[W / 4];
+  for (int q = 0; q < W / 4; q++) {
+    LLVMValueRef idx[4];
+    for (int i = 0; i < 4; i++)
+      idx[i] = LLVMConstInt(e->ti32, (unsigned long long)(4 * q + i), 0);
+    LLVMValueRef piece = LLVMBuildShuffleVector(b, x, LLVMGetUndef(vf), LLVMConstVector(idx, 4), "");
+    part[q] = call_intrinsic(e, "llvm.x86.sse.rsqrt.ps", NULL, 0, &piece, 1);
+  }
+  for (int n = W / 4; n > 1; n /= 2) /* pairs of pieces, into one vector of W lanes */
+    for (int q = 0; q < n / 2; q++) {
+      int len = 2 * (W / n);
+      LLVMValueRef idx[W];
+      for (int i = 0; i < len; i++)
+        idx[i] = LLVMConstInt(e->ti32, (unsigned long long)i, 0);
+      part[q] = LLVMBuildShuffleVector(b, part[2 * q], part[2 * q + 1], LLVMConstVector(idx, (unsigned)len), "");
+    }
+  LLVMValueRef y = part[0];
+  LLVMValueRef half = cf32(e, 0.5f);
+  LLVMValueRef s = LLVMBuildFMul(b, x, y, ""), h = LLVMBuildFMul(b, y, half, "");
+  LLVMValueRef err = LLVMBuildFSub(b, half, LLVMBuildFMul(b, s, h, ""), "");
+  LLVMValueRef s1 = LLVMBuildFAdd(b, LLVMBuildFMul(b, s, err, ""), s, "");
+  LLVMValueRef h1 = LLVMBuildFAdd(b, LLVMBuildFMul(b, err, h, ""), h, "");
+  LLVMValueRef d = LLVMBuildFSub(b, x, LLVMBuildFMul(b, s1, s1, ""), "");
+  LLVMValueRef r = LLVMBuildFAdd(b, LLVMBuildFMul(b, d, h1, ""), s1, "");
+  /* the rare lanes, as numerics_mkl.h's */
+  LLVMValueRef u = LLVMBuildBitCast(b, x, vi, "");
+  LLVMValueRef fast = LLVMBuildICmp(b, LLVMIntULE, LLVMBuildSub(b, u, ci32(e, 0x00800000), ""),
+                                    ci32(e, 0x7f7ff000 - 0x00800000), "");
+  LLVMValueRef mag = LLVMBuildAnd(b, u, ci32(e, 0x7fffffff), "");
+  LLVMValueRef rare = unary_intrinsic(e, "llvm.sqrt", x);
+  LLVMValueRef neg = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSLT, u, ci32(e, 0), ""),
+                                  LLVMBuildICmp(b, LLVMIntNE, mag, ci32(e, 0), ""), "");
+  rare = LLVMBuildSelect(b, neg, fbits(e, 0x7fc00000), rare, "");
+  LLVMValueRef quiet = LLVMBuildBitCast(b, LLVMBuildOr(b, u, ci32(e, 0x00400000), ""), vf, "");
+  rare = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntUGT, mag, ci32(e, 0x7f800000), ""), quiet, rare, "");
+  return LLVMBuildSelect(b, fast, r, rare, "");
+}
+
 /* ---- per-type arithmetic ------------------------------------------------------------- */
 
 LLVMValueRef to_f32(E *e, LLVMValueRef v, Type t) {
@@ -414,6 +458,10 @@ LLVMValueRef arith(E *e, Op op, LLVMValueRef *a) {
     if (LLVMGetElementType(vt) == e->tf64)
       return unary_intrinsic(e, "llvm.sqrt", a[0]); /* MKL's f64 sqrt is IEEE */
     return sqrt_mkl(e, a[0]);
+  case OP_SQRT_MKL_EX:
+    if (LLVMGetElementType(vt) == e->tf64)
+      return unary_intrinsic(e, "llvm.sqrt", a[0]);
+    return sqrt_mkl_ex(e, a[0]);
   default: unreachable();
   }
 }

@@ -121,7 +121,7 @@ void tab_find(E *e) {
         if (!anc[i])
           continue;
         Op op = (Op)g->ins[i].op;
-        cost += op == OP_DIV || op == OP_SQRT || op == OP_SQRT_MKL || op == OP_RSQRT ? 16 : 1;
+        cost += op == OP_DIV || op == OP_SQRT || op == OP_SQRT_MKL || op == OP_SQRT_MKL_EX || op == OP_RSQRT ? 16 : 1;
         for (int k = 0; k < op_info[op].nargs; k++)
           if (cone[g->ins[i].args[k]] == 1)
             anc[g->ins[i].args[k]] = 1;
@@ -264,7 +264,8 @@ int tie_find(E *e) {
     const Ins *a = &g->ins[x->args[0]];
     /* a product, quotient or square root: an add of two bf16 values is
      * exact in f32, and often a tie (d + bf16(eps) is, every step) */
-    bool op_ok = a->op == OP_MUL || a->op == OP_DIV || a->op == OP_SQRT || a->op == OP_SQRT_MKL;
+    bool op_ok = a->op == OP_MUL || a->op == OP_DIV || a->op == OP_SQRT || a->op == OP_SQRT_MKL ||
+                 a->op == OP_SQRT_MKL_EX;
     if (!in_body(a) || a->type != TY_F32 || !op_ok)
       continue;
     Ref src = NOREF;
@@ -444,7 +445,7 @@ bool recip_div(const Graph *g, Ref i) {
   if (y->op != OP_CVT || y->type != TY_BF16 || !in_body(y))
     return false;
   const Ins *z = &g->ins[y->args[0]];
-  if ((z->op != OP_SQRT && z->op != OP_SQRT_MKL) || z->type != TY_F32 || !in_body(z))
+  if ((z->op != OP_SQRT && z->op != OP_SQRT_MKL && z->op != OP_SQRT_MKL_EX) || z->type != TY_F32 || !in_body(z))
     return false;
   for (Ref u = i + 1; u < g->nins; u++)
     for (int k = 0; k < op_info[g->ins[u].op].nargs; k++)

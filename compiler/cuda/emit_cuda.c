@@ -88,6 +88,7 @@ static const char *const op_fmt[NUM_OPS][2] = {
     [OP_FMA] = {"fmaf(%s, %s, %s)", "fma(%s, %s, %s)"},
     [OP_LERP] = {"optc_lerpf(%s, %s, %s)", "optc_lerpd(%s, %s, %s)"},
     [OP_SQRT_MKL] = {"optc_sqrt_mkl_f32(%s)", "sqrt(%s)"},
+    [OP_SQRT_MKL_EX] = {NULL, "sqrt(%s)"}, /* f32: refused (cuda_emit) */
     [OP_EQ] = {"(%s == %s)", "(%s == %s)"},
     [OP_NE] = {"(%s != %s)", "(%s != %s)"},
     [OP_LT] = {"(%s < %s)", "(%s < %s)"},
@@ -963,6 +964,12 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
         g->bufs[i].type != TY_F16) {
       error("cuda backend: buffer @%s has type %s; only f64, f32, bf16 and f16 buffers are supported",
             g->bufs[i].name, type_names[g->bufs[i].type]);
+      return -1;
+    }
+  for (Ref i = 0; i < g->nins; i++)
+    if (g->ins[i].op == OP_SQRT_MKL_EX && g->ins[i].type != TY_F64) {
+      error("cuda backend: sqrt_mkl_ex (torch_cpu: amd) is MKL's sqrt on the host CPU, from that CPU's RSQRTPS, "
+            "which a GPU cannot compute; a CUDA step takes torch_cpu avx2 (IEEE sqrt) or avx512");
       return -1;
     }
   E e = {.g = g, .L = &cuda_lang, .out = out, .min_blocks = min_blocks, .lanes = red_lanes};

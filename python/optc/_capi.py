@@ -171,6 +171,9 @@ optc_step_plan = _bind("optc_step_plan", ctypes.c_char_p, _step_p)
 optc_step_run = _bind("optc_step_run", ctypes.c_int, _step_p, ctypes.POINTER(optc_buffers),
                       ctypes.POINTER(optc_scalar), ctypes.c_int, ctypes.c_int, ctypes.POINTER(optc_result), _err_p)
 
+optc_torch_sqrt = _bind("optc_torch_sqrt", ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_float),
+                        ctypes.POINTER(ctypes.c_float), ctypes.c_int64, _err_p)
+
 version = optc_version().decode()
 
 # ---- errors --------------------------------------------------------------------------------
@@ -207,6 +210,17 @@ def check(status, err, what=""):
     if status != OPTC_OK:
         msg = err.message.decode(errors="replace")
         raise error_for(status, f"{what}: {msg}" if what else msg)
+
+
+def torch_sqrt(torch_cpu, xs):
+    """optc_torch_sqrt: torch.sqrt of these f32 values as optc computes it for
+    torch_cpu ("avx512", "avx2", "amd" or None: this CPU's guess); a list."""
+    n = len(xs)
+    x = (ctypes.c_float * max(1, n))(*xs)
+    y = (ctypes.c_float * max(1, n))()
+    err = optc_error()
+    check(optc_torch_sqrt(torch_cpu.encode() if torch_cpu else None, x, y, n, ctypes.byref(err)), err)
+    return list(y[:n])
 
 
 # ---- a step --------------------------------------------------------------------------------

@@ -120,6 +120,7 @@ static bool eager_f32(Op op, float *o, Operand A, Operand B, Operand C, int64_t 
   case OP_SQRT: if (!A.p) return false; UN_F32(sqrtf(x)); return true;
   case OP_SIGN: if (!A.p) return false; UN_F32((float)((0.0f < x) - (x < 0.0f))); return true;
   case OP_SQRT_MKL: if (!A.p) return false; eager_sqrt_mkl(o, A.p, n); return true;
+  case OP_SQRT_MKL_EX: if (!A.p) return false; UN_F32(optc_sqrt_mkl_ex_f32(x)); return true;
   case OP_FMA: {
     if (!A.p || !B.p || !C.p || B.t != TY_F32 || C.t != TY_F32)
       return false;

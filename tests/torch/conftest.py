@@ -40,7 +40,7 @@ def pytest_configure(config):
 
 def pytest_runtest_setup(item):
     if item.get_closest_marker("torch_sqrt") and probe_torch_cpu() is None:
-        pytest.skip("torch's f32 sqrt on this CPU is neither IEEE's nor MKL's AVX-512 one (optc.torch.torch_cpu): "
+        pytest.skip("torch's f32 sqrt on this CPU is none of the MKL kernels optc models (optc.torch.torch_cpu): "
                     "optc does not model it")
 
 

@@ -677,7 +677,9 @@ def test_optc_ir_after_a_step():
 def test_torch_cpu_probe():
     """optc.torch.torch_cpu() names the sqrt this torch computes: IEEE's under
     "avx2", MKL's AVX-512 one (1 ulp under IEEE on about 0.6% of inputs)
-    under "avx512". Checked on 2^20 other floats than the probe's own."""
+    under "avx512", MKL's generic kernel under "amd" (optc's model of it,
+    from this CPU's RSQRTPS: the same bits as torch's). Checked on 2^20
+    other floats than the probe's own."""
     import numpy as np
     from optc.torch import torch_cpu
     x = torch.empty(1 << 20).uniform_(1e-3, 1e3, generator=torch.Generator().manual_seed(7))
@@ -687,7 +689,12 @@ def test_torch_cpu_probe():
     if torch_cpu() == "avx2":
         assert off == 0, f"torch_cpu() says IEEE, but torch's sqrt differs on {off} of {x.numel()} inputs"
     elif torch_cpu() is None:
-        assert off > 0, "torch_cpu() says neither IEEE nor MKL's AVX-512, but torch's sqrt is IEEE's here"
+        assert off > 0, "torch_cpu() says none of optc's models, but torch's sqrt is IEEE's here"
+    elif torch_cpu() == "amd":
+        model = np.array(capi.torch_sqrt("amd", x.tolist()), dtype=np.float32).view(np.uint32)
+        assert (model == got).all(), f"optc's model of MKL's generic sqrt differs from torch's on " \
+            f"{int((model != got).sum())} of {x.numel()} inputs"
+        assert off > 0.05 * x.numel(), f"MKL's generic sqrt differs from IEEE's on ~17%, here {off}"
     else:
         assert torch_cpu() == "avx512"
         assert 0.002 * x.numel() < off < 0.01 * x.numel(), f"MKL's AVX-512 sqrt differs on ~0.6%, here {off}"

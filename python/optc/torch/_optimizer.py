@@ -59,24 +59,32 @@ _MKL_AVX512_LOW = (44, 232, 267, 338, 371, 609, 724, 947, 993, 1009, 1107, 1342,
 def torch_cpu():
     """The recipe's torch_cpu that gives this torch's bits: "avx512" where its
     f32 sqrt is MKL's AVX-512 one (rsqrt14 and a Newton step, 1 ulp under
-    IEEE on 0.6% of inputs), "avx2" where it is IEEE's, and None where it is
-    neither, which optc does not model.
+    IEEE on 0.6% of inputs), "avx2" where it is IEEE's, "amd" where it is
+    MKL's generic kernel (on CPUs MKL does not take for Intel's: this CPU's
+    RSQRTPS and a Newton step without fma, 1 ulp off IEEE on about a sixth
+    of inputs), and None where it is none of these, which optc does not
+    model.
 
     torch's CPU capability does not decide it: MKL picks its own kernels, by
-    the CPU's vendor as well as its features. On one CI machine torch
-    reported AVX512 while MKL's sqrt was off IEEE on about a fifth of inputs,
-    as MKL's SSE4.2 path is here (MKL_ENABLE_INSTRUCTIONS=SSE4_2), but not
-    at the same inputs: that path uses the CPU's own approximations. So this
-    asks torch: the square roots of 4096 fixed floats in [1, 4), against
-    IEEE's (math.sqrt's double rounded to f32: exact for sqrt). Asked once
-    per process."""
+    the CPU's vendor as well as its features (an AMD EPYC with AVX-512 runs
+    the generic kernel). So this asks torch: the square roots of 4096 fixed
+    floats in [1, 4), against IEEE's (math.sqrt's double rounded to f32:
+    exact for sqrt), the AVX-512 kernel's known 22 and optc's model of the
+    generic one on this CPU (optc_torch_sqrt). Asked once per process."""
     if not _TORCH_CPU:
-        xs = torch.tensor([1.0 + 3.0 * ((k * 0.7548776662466927) % 1.0) for k in range(4096)], dtype=torch.float32)
-        low = tuple(k for k, (x, y) in enumerate(zip(xs.tolist(), torch.sqrt(xs).tolist()))
-                    if ctypes.c_float(math.sqrt(x)).value != y)
-        _TORCH_CPU.append("avx2" if not low else "avx512" if low == _MKL_AVX512_LOW else None)
-        if _TORCH_CPU[0] is None:
-            warnings.warn(f"optc: torch's f32 sqrt on this CPU is neither IEEE's nor MKL's AVX-512 one ({len(low)} "
+        vals = [1.0 + 3.0 * ((k * 0.7548776662466927) % 1.0) for k in range(4096)]
+        xs = torch.tensor(vals, dtype=torch.float32)
+        got = torch.sqrt(xs).tolist()
+        low = tuple(k for k, (x, y) in enumerate(zip(xs.tolist(), got)) if ctypes.c_float(math.sqrt(x)).value != y)
+        if not low:
+            found = "avx2"
+        elif low == _MKL_AVX512_LOW:
+            found = "avx512"
+        else:
+            found = "amd" if _capi.torch_sqrt("amd", xs.tolist()) == got else None
+        _TORCH_CPU.append(found)
+        if found is None:
+            warnings.warn(f"optc: torch's f32 sqrt on this CPU is none of the MKL kernels optc models ({len(low)} "
                           "of 4096 probe inputs differ from IEEE); optc's f32 for-loop steps that take a square root "
                           "(Adam, AdamW, RMSprop, Adagrad) use IEEE's and may differ from torch's by 1 ulp",
                           RuntimeWarning, stacklevel=3)
@@ -435,10 +443,12 @@ class OptcOptimizer:
         if prog is not None:
             return prog
         lay = k.layout
+        tc = torch_cpu() or "avx2"
+        if tc == "amd" and lay.target == _capi.OPTC_TARGET_CUDA:
+            tc = "avx2"  # the host's RSQRTPS has no GPU counterpart; torch's CUDA sqrt is IEEE's
         spec = dict(optimizer=lay.optimizer, param_dtype=lay.param_dtype, grad_dtype=lay.param_dtype,
                     state_dtype=lay.state_dtype, fused=int(lay.fused), clip=k.clip, write_back_grads=0,
-                    nonfinite=NONFINITE[k.nonfinite], torch_cpu=torch_cpu() or "avx2", target=lay.target,
-                    options=options)
+                    nonfinite=NONFINITE[k.nonfinite], torch_cpu=tc, target=lay.target, options=options)
         try:
             if lay.target == _capi.OPTC_TARGET_CUDA:
                 with torch.cuda.device(lay.device_index):
