@@ -210,29 +210,50 @@ OPTC_FN float optc_sqrt_mkl_f32(float x) {
  * themselves, any other x < 0 (-inf and negative subnormals too) the
  * positive quiet NaN 0x7fc00000, and positive subnormals and x above
  * 0x7f7ff000 IEEE's sqrt. With MXCSR's defaults (round to nearest, no FTZ
- * or DAZ), which MKL sets for the call. Host C only: NVRTC never sees it
- * (a GPU has no RSQRTPS; emit_cuda.c refuses the op). */
+ * or DAZ), which MKL sets for the call. The host runs RSQRTPS itself; a GPU
+ * has none, and looks this CPU's up in a table emit_cuda.c writes into the
+ * kernel's source (optc_rsqrtps_from_tab): the same bits. */
+/* Its fast lanes, and there, given the seed y = rsqrtps(x), the Newton step. */
+OPTC_FN int optc_mkl_ex_fast(uint32_t u) { return u - 0x00800000u <= 0x7f7ff000u - 0x00800000u; }
+OPTC_FN float optc_mkl_ex_newton(float x, float y) {
+  float s = x * y, h = y * 0.5f;
+  float e = 0.5f - s * h;
+  float s1 = s * e + s, h1 = e * h + h;
+  float d = x - s1 * s1;
+  return d * h1 + s1;
+}
+
+/* Its rare lanes, given IEEE's sqrt of x. */
+OPTC_FN float optc_mkl_ex_rare(float x, float ieee) {
+  uint32_t u = optc_f32_bits(x), mag = u & 0x7fffffffu;
+  if (mag > 0x7f800000u)
+    return optc_bits_f32(u | 0x00400000u);
+  if ((u >> 31) && mag != 0)
+    return optc_bits_f32(0x7fc00000u);
+  return ieee;
+}
+
+/* RSQRTPS of a positive normal x reads only the exponent's parity and the
+ * top 12 fraction bits, and rsqrtps(4^n z) = 2^-n rsqrtps(z) exactly: a
+ * table of 8192 of its results (at z in [1, 4), made on the CPU whose
+ * RSQRTPS it is: emit_cuda.c does, for the GPU) gives every other. */
+enum { OPTC_RSQRTPS_TAB = 8192 };
+OPTC_FN uint32_t optc_rsqrtps_tab_input(uint32_t i) { return ((i >> 12) ? 127u : 128u) << 23 | (i & 0xfffu) << 11; }
+OPTC_FN float optc_rsqrtps_from_tab(const uint32_t *tab, float x) {
+  uint32_t u = optc_f32_bits(x), b = u >> 23, odd = b & 1u;
+  int n = ((int)b - (odd ? 127 : 128)) / 2;
+  return optc_bits_f32(tab[odd << 12 | (u >> 11 & 0xfffu)] - (uint32_t)n * (1u << 23));
+}
+
 #if !defined(__CUDACC__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
 
 OPTC_FN float optc_rsqrtps_f32(float x) { return _mm_cvtss_f32(_mm_rsqrt_ss(_mm_set_ss(x))); }
 
 OPTC_FN float optc_sqrt_mkl_ex_f32(float x) {
-  uint32_t u = optc_f32_bits(x);
-  if (u - 0x00800000u <= 0x7f7ff000u - 0x00800000u) {
-    float y = optc_rsqrtps_f32(x);
-    float s = x * y, h = y * 0.5f;
-    float e = 0.5f - s * h;
-    float s1 = s * e + s, h1 = e * h + h;
-    float d = x - s1 * s1;
-    return d * h1 + s1;
-  }
-  uint32_t mag = u & 0x7fffffffu;
-  if (mag > 0x7f800000u)
-    return optc_bits_f32(u | 0x00400000u);
-  if ((u >> 31) && mag != 0)
-    return optc_bits_f32(0x7fc00000u);
-  return _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(x)));
+  if (optc_mkl_ex_fast(optc_f32_bits(x)))
+    return optc_mkl_ex_newton(x, optc_rsqrtps_f32(x));
+  return optc_mkl_ex_rare(x, _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(x))));
 }
 #endif
 

@@ -85,6 +85,7 @@ double log(double) noexcept;
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __constant__ static
 
 struct uint3 {
   unsigned x, y, z;

@@ -438,6 +438,25 @@ static void test_sqrt_mkl_ex(void) {
           first < 0 ? 0 : optc_f32_bits(out[first]), first < 0 ? 0 : optc_f32_bits(optc_sqrt_mkl_ex_f32(in[first])));
     cpu_program_free(prog);
   }
+  /* the GPU's RSQRTPS, a table of this CPU's 8192 answers, is this CPU's:
+   * every input of the test above, and every exponent's every top-12 bits */
+  uint32_t tab[OPTC_RSQRTPS_TAB];
+  for (uint32_t i = 0; i < OPTC_RSQRTPS_TAB; i++)
+    tab[i] = optc_f32_bits(optc_rsqrtps_f32(optc_bits_f32(optc_rsqrtps_tab_input(i))));
+  int64_t tab_bad = 0, tab_n = 0;
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u = optc_f32_bits(in[i]);
+    if (u - 0x00800000u < 0x7f000000u) /* positive normal */
+      tab_n++, tab_bad += optc_f32_bits(optc_rsqrtps_from_tab(tab, in[i])) != optc_f32_bits(optc_rsqrtps_f32(in[i]));
+  }
+  for (uint32_t b = 1; b < 255; b++)
+    for (uint32_t top = 0; top < 4096; top++) {
+      uint32_t u = b << 23 | top << 11 | (uint32_t)(uniform() * 2048.0);
+      tab_n++, tab_bad += optc_f32_bits(optc_rsqrtps_from_tab(tab, optc_bits_f32(u))) !=
+                          optc_f32_bits(optc_rsqrtps_f32(optc_bits_f32(u)));
+    }
+  CHECK(tab_bad == 0, "RSQRTPS from its 8192-entry table differs from the instruction on %lld of %lld inputs",
+        (long long)tab_bad, (long long)tab_n);
   /* and the model against IEEE's sqrt: within an ulp on [1, 4) (at the
    * bottom of the normals its unscaled Newton step is further off, as
    * torch's is), and IEEE's on the rare lanes that are not NaN or < 0 */

@@ -88,7 +88,7 @@ static const char *const op_fmt[NUM_OPS][2] = {
     [OP_FMA] = {"fmaf(%s, %s, %s)", "fma(%s, %s, %s)"},
     [OP_LERP] = {"optc_lerpf(%s, %s, %s)", "optc_lerpd(%s, %s, %s)"},
     [OP_SQRT_MKL] = {"optc_sqrt_mkl_f32(%s)", "sqrt(%s)"},
-    [OP_SQRT_MKL_EX] = {NULL, "sqrt(%s)"}, /* f32: refused (cuda_emit) */
+    [OP_SQRT_MKL_EX] = {"optc_sqrt_mkl_ex_f32(%s)", "sqrt(%s)"}, /* its table: emit_rsqrtps_table */
     [OP_EQ] = {"(%s == %s)", "(%s == %s)"},
     [OP_NE] = {"(%s != %s)", "(%s != %s)"},
     [OP_LT] = {"(%s < %s)", "(%s < %s)"},
@@ -936,6 +936,26 @@ static void emit_nonfinite(E *e, CudaKernel *kinfo) {
   }
 }
 
+/* sqrt_mkl_ex's seed on the GPU: this host's RSQRTPS, as a table of its
+ * 8192 distinct answers (numerics_mkl.h, optc_rsqrtps_from_tab), and the
+ * generic MKL kernel around it, as the host computes it. */
+static void emit_rsqrtps_table(Buf *out) {
+#if defined(__x86_64__) || defined(__i386__)
+  buf_puts(out, "/* this host CPU's RSQRTPS, for torch_cpu amd's sqrt (numerics_mkl.h) */\n"
+                "__constant__ uint32_t optc_rsqrtps_tab[OPTC_RSQRTPS_TAB] = {");
+  for (uint32_t i = 0; i < OPTC_RSQRTPS_TAB; i++)
+    buf_printf(out, "%s0x%08xu,", i % 8 ? " " : "\n  ", optc_f32_bits(optc_rsqrtps_f32(optc_bits_f32(optc_rsqrtps_tab_input(i)))));
+  buf_puts(out, "\n};\n"
+                "OPTC_FN float optc_sqrt_mkl_ex_f32(float x) {\n"
+                "  if (optc_mkl_ex_fast(optc_f32_bits(x)))\n"
+                "    return optc_mkl_ex_newton(x, optc_rsqrtps_from_tab(optc_rsqrtps_tab, x));\n"
+                "  return optc_mkl_ex_rare(x, sqrtf(x));\n"
+                "}\n\n");
+#else
+  (void)out;
+#endif
+}
+
 int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels) {
   const Plan *p = g->plan;
   if (!p) {
@@ -966,12 +986,16 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
             g->bufs[i].name, type_names[g->bufs[i].type]);
       return -1;
     }
+  bool mkl_ex = false;
   for (Ref i = 0; i < g->nins; i++)
-    if (g->ins[i].op == OP_SQRT_MKL_EX && g->ins[i].type != TY_F64) {
-      error("cuda backend: sqrt_mkl_ex (torch_cpu: amd) is MKL's sqrt on the host CPU, from that CPU's RSQRTPS, "
-            "which a GPU cannot compute; a CUDA step takes torch_cpu avx2 (IEEE sqrt) or avx512");
-      return -1;
-    }
+    mkl_ex |= g->ins[i].op == OP_SQRT_MKL_EX && g->ins[i].type != TY_F64;
+#if !(defined(__x86_64__) || defined(__i386__))
+  if (mkl_ex) {
+    error("cuda backend: sqrt_mkl_ex (torch_cpu: amd) needs the host's RSQRTPS for its table, and this host is "
+          "not x86");
+    return -1;
+  }
+#endif
   E e = {.g = g, .L = &cuda_lang, .out = out, .min_blocks = min_blocks, .lanes = red_lanes};
   e.a = arena_new();
   e.uses = arena_alloc(e.a, sizeof(int) * (size_t)(g->nins + 1));
@@ -1032,6 +1056,8 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
   buf_puts(out, "/* ---- end of compiler/numerics.h ---- */\n\n");
   buf_puts(out, helpers);
   buf_putc(out, '\n');
+  if (mkl_ex)
+    emit_rsqrtps_table(out);
   e.out = out;
   for (int k = 0; k < p->nphases; k++) {
     e.ph = &p->phases[k];
