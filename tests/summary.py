@@ -6,7 +6,8 @@ files are counted from its xunit report; a build directory's pytest.xml
 (the pytest suite's junit report, which ./setup.sh test writes) adds each
 pytest test. A directory with fuzz.txt and no meson logs (build-fuzz, from
 .ci/run) counts each fuzz target and each failed reproducer replay. Prints
-one line per build directory, and last, the line CI reads:
+one line per build directory, every skip with its reason (grouped:
+"skipped: 8 x pytest: no CUDA device"), and last, the line CI reads:
     tests: N passed, M failed
 Exits non-zero if anything failed.
 
@@ -151,12 +152,45 @@ def count(build):
     return passed, failed, skipped, failures
 
 
+def skip_reasons(build):
+    """Why each skipped test was skipped: [reason], one per skip: a meson
+    test's name (it exited 77: its log says why), a lit or pytest case's
+    own message (pytest's "Skipped: no CUDA device", without the prefix)."""
+    out = []
+    log = os.path.join(build, "meson-logs", "testlog.json")
+    if os.path.exists(log):
+        for line in open(log, encoding="utf-8"):
+            t = json.loads(line)
+            if t["result"] == "SKIP":
+                out.append("meson test %s (exit 77: its log says why)" % t["name"])
+    for xml, prefix in ((os.path.join(build, "tests", "lit.xml"), "lit"), (os.path.join(build, "pytest.xml"),
+                                                                           "pytest")):
+        try:
+            root = ET.parse(xml).getroot()
+        except (ET.ParseError, OSError):
+            continue
+        for case in root.iter("testcase"):
+            sk = case.find("skipped")
+            if sk is not None and case.find("failure") is None and case.find("error") is None:
+                why = (sk.get("message") or sk.text or "no reason given").strip()
+                if why.startswith("Skipped: "):
+                    why = why[len("Skipped: "):]
+                out.append("%s: %s" % (prefix, why.splitlines()[0] if why else "no reason given"))
+    return out
+
+
 def main():
     total_p = total_f = total_s = 0
     for build in sys.argv[1:]:
         p, f, s, failures = count(build)
         for x in failures:
             print("FAILED: %s: %s" % (build, x))
+        if s:
+            reasons = {}
+            for r in skip_reasons(build):
+                reasons[r] = reasons.get(r, 0) + 1
+            for r, k in sorted(reasons.items(), key=lambda x: -x[1]):
+                print("skipped in %s: %d x %s" % (build, k, r))
         print("%s: %d passed, %d failed, %d skipped" % (build, p, f, s))
         total_p, total_f, total_s = total_p + p, total_f + f, total_s + s
     print("tests: %d passed, %d failed" % (total_p, total_f))

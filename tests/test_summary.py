@@ -21,7 +21,7 @@ JUNIT_CASE = '<testcase classname="%s" name="%s">%s</testcase>'
 
 def junit(path, cases, mtime=None):
     """cases: (name, 'pass' | 'fail' | 'skip')."""
-    body = {"pass": "", "fail": "<failure/>", "skip": "<skipped/>"}
+    body = {"pass": "", "fail": "<failure/>", "skip": '<skipped message="Skipped: no CUDA device"/>'}
     with open(path, "w") as f:
         f.write('<?xml version="1.0"?><testsuites><testsuite name="s">')
         f.write("".join(JUNIT_CASE % ("c", n, body[r]) for n, r in cases))
@@ -85,6 +85,8 @@ with tempfile.TemporaryDirectory() as root:
               lit_cases=[("a", "pass"), ("b", "skip")], lit_mtime=now,
               pytest_cases=[("t1", "skip"), ("t2", "pass")], pytest_mtime=now, pytest_rc=(0, now - 1))
     expect("skips are neither passed nor failed", b, 3, 0, 0, contains="3 skipped")
+    expect("each skip is listed with its reason", b, 3, 0, 0, contains="1 x pytest: no CUDA device")
+    expect("a meson test that skipped is named", b, 3, 0, 0, contains="meson test gpu (exit 77")
 
     # pytest crashed (a segfault in liboptc) before writing its XML; an old one is left from last week
     b = build(root, "crash-stale", [("api", "OK", now)], pytest_cases=[("t1", "pass")], pytest_mtime=long_ago,
