@@ -241,7 +241,11 @@ def test_grad_scale_equals_foreach_mul(dtype, scale, fused):
 def clip_run(dtype, groups, max_norm, scale=None, steps=8, give_norm=False, name="AdamW", kw=None):
     """torch: (scale_grads_), clip_grad_norm_, step; optc: fused_step. The
     norms agree to 1e-6 relative; where they are the same bits (or torch's
-    is given), the steps are too."""
+    is given), the steps are too. Where the norms' last bits differ, torch's
+    step is taken again from the same params, states and grads with optc's
+    norm (clip_grads_with_norm_), and that must be optc's step, bit for bit:
+    every step compares every param. Returns the steps whose norms had the
+    same bits."""
     kw = dict(kw or dict(eps=1e-4))
     mt, mo = make_models(dtype)
     if groups:
@@ -257,24 +261,30 @@ def clip_run(dtype, groups, max_norm, scale=None, steps=8, give_norm=False, name
         with torch.no_grad():
             if scale is not None:
                 torchtune_scale_grads_(list(mt.parameters()), scale)
+            before = ([p.detach().clone() for p in mt.parameters()], [p.grad.clone() for p in mt.parameters()],
+                      copy.deepcopy(ot.state_dict()))
             nt = torch.nn.utils.clip_grad_norm_(mt.parameters(), max_norm)
         ot.step()
         no = oo.fused_step(grad_scale=scale, max_norm=max_norm, grad_norm=nt.item() if give_norm else None)
         assert no.dtype == nt.dtype and no.device == nt.device and no.dim() == 0
         assert math.isclose(no.item(), nt.item(), rel_tol=1e-6 if dtype == torch.float32 else 1e-2), \
             f"step {i}: norm {no.item()!r} vs torch's {nt.item()!r}"
-        ot.zero_grad()
-        oo.zero_grad()
         # the coefficient min(1, max_norm / (norm + 1e-6)) is the same when
         # the norms are, or when both clamp to 1
         if give_norm or not diff(no, nt) or min(no.item(), nt.item()) + 1e-6 <= max_norm * (1 - 1e-3):
-            same += 1
-            assert_same_params(mt, mo, f"step {i}, norm {nt.item()!r}: ")
-        else:  # the norms' last bits differ: re-sync so the next steps compare again
+            same += not diff(no, nt)
+        else:  # the norms' last bits differ: torch's step again, with optc's norm
+            params, grads, state = before
             with torch.no_grad():
-                for a, b in zip(mt.parameters(), mo.parameters()):
-                    b.copy_(a)
-            oo.load_state_dict(copy.deepcopy(ot.state_dict()))  # load_state_dict keeps the tensors it can
+                for p, v, g in zip(mt.parameters(), params, grads):
+                    p.copy_(v)
+                    p.grad = g
+                ot.load_state_dict(state)
+                torch.nn.utils.clip_grads_with_norm_(mt.parameters(), max_norm, no)
+            ot.step()
+        assert_same_params(mt, mo, f"step {i}, norm {nt.item()!r} (optc's {no.item()!r}): ")
+        ot.zero_grad()
+        oo.zero_grad()
     return same
 
 
@@ -542,14 +552,24 @@ def test_fused_step_arguments():
 
 
 def test_cuda_without_backend():
+    """A CUDA param: optc's CUDA step, which then moves the param as torch's
+    does; or, where this liboptc has no CUDA backend (or no NVRTC), optc's
+    error naming the param and why."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     p = one_param(torch.randn(3, device="cuda"))
-    o = otorch.AdamW([p])
+    ref = one_param(p.detach().clone())
+    ref.grad = p.grad.clone()
+    o, ot = otorch.AdamW([p]), torch.optim.AdamW([ref], foreach=False)
+    p0 = p.detach().clone()
     try:
         o.step()
     except RuntimeError as e:  # the library has no CUDA backend: optc's message, naming the param
-        assert "param 0" in str(e)
+        assert "param 0" in str(e) and ("CUDA" in str(e) or "NVRTC" in str(e)), str(e)
+        return
+    ot.step()
+    assert not torch.equal(p, p0), "the step did nothing"
+    torch.testing.assert_close(p, ref, rtol=1e-6, atol=0)
 
 
 def test_meta_device():
