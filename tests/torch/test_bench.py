@@ -101,3 +101,22 @@ def test_in_backward_bench(tmp_path, capsys):
         assert modes["in-bwd"]["in_backward_stats"]["stepped_in_backward"] == 6  # 3 weights, 3 biases
         assert modes["in-bwd+clip(after)"]["in_backward_stats"]["stepped_after"] == 6
         assert modes["in-bwd+clip(speculate)"]["in_backward_stats"]["speculated"] > 0
+
+
+def test_gpu_offload_script_on_the_cpu(tmp_path):
+    """bench/gpu_offload.py, the device check of the offloaded Scout, runs
+    its code path on the CPU (a tiny Llama 4, FSDP2 with CPU offload on one
+    gloo rank): every variant trains, and optc's losses are torch's."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_offload", os.path.join(ROOT, "bench", "gpu_offload.py"))
+    go = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(go)
+    out = tmp_path / "go.json"
+    rc = go.main(["--device", "cpu", "--tiny", "--layers", "2", "--seq", "32", "--steps", "2",
+                  "--variants", "torch,optc,optc-inbwd", "--json", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    got = {r["variant"]: r for r in doc["results"]}
+    assert set(got) == {"torch", "optc", "optc-inbwd"}
+    assert got["optc"]["losses_equal_torch"] and got["optc-inbwd"]["losses_equal_torch"]
+    assert len(set(s["loss"] for s in got["torch"]["steps"])) == 2, "the model did not train"
