@@ -112,7 +112,7 @@ else
   EXTRA=()
   SYMS=$(nm build/liboptc_core.a 2>/dev/null || true)
   if grep -q ' T cuda_compile$' <<< "$SYMS" && ! grep -q ' B nvrtc$' <<< "$SYMS"; then
-    die "build/ has the GPU backend without NVRTC: meson configure build -Dcuda=enabled -Dtoolkit_dir=$CUDA_HOME"
+    die "build/ has the GPU backend without its NVRTC loader (-Dcuda=disabled): meson configure build -Dcuda=enabled"
   fi
   if ! grep -q ' T cuda_compile$' <<< "$SYMS"; then
     echo "building emit_cuda.c, nvrtc.c, driver.c, exec_cuda.c here (liboptc_core.a does not have them yet)"
