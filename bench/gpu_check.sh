@@ -62,7 +62,10 @@ if command -v nvidia-smi >/dev/null; then
 else
   echo "(no nvidia-smi; relying on the driver library)"
 fi
-[ -f "$CUDA_HOME/include/nvrtc.h" ] || die "no NVRTC: $CUDA_HOME/include/nvrtc.h is missing (set CUDA_HOME to the toolkit)"
+# optc opens NVRTC at run time: $CUDA_HOME/lib64's, among the places it looks
+export CUDA_HOME
+compgen -G "$CUDA_HOME/lib64/libnvrtc.so.1[0-9]" >/dev/null \
+  || die "no NVRTC: no $CUDA_HOME/lib64/libnvrtc.so.NN (set CUDA_HOME to the toolkit)"
 TORCH=1
 "$PYTHON" - <<'EOF' || { TORCH=0; echo "note: no PyTorch with a CUDA device: the torch comparison (step 4) is skipped"; }
 import torch
@@ -91,11 +94,11 @@ else
   fi
   ninja -C build
   mkdir -p "$OUT"
-  grep -q "cuda (NVRTC)  *: YES" build/meson-logs/meson-log.txt 2>/dev/null \
+  grep -q "cuda (NVRTC.*: YES" build/meson-logs/meson-log.txt 2>/dev/null \
     || echo "note: this build does not list NVRTC; the GPU pieces are built here against $CUDA_HOME"
 
   # The GPU pieces: from the meson build when it has them, else built here.
-  LIBS=(-lyaml -ljansson -lopenblas -lm -lpthread -ldl "-L$CUDA_HOME/lib64" -lnvrtc "-Wl,-rpath,$CUDA_HOME/lib64")
+  LIBS=(-lyaml -ljansson -lopenblas -lm -lpthread -ldl)
   if grep -q emit_llvm build/compile_commands.json 2>/dev/null; then
     LLVM_CONFIG=$(command -v llvm-config-19 || command -v llvm-config || true)
     [ -n "$LLVM_CONFIG" ] || die "the build uses LLVM but llvm-config-19 is not on PATH"
@@ -108,8 +111,8 @@ else
     -Iruntime/model -Iruntime/data -Iruntime/dist -Iruntime/train -Itools)
   EXTRA=()
   SYMS=$(nm build/liboptc_core.a 2>/dev/null || true)
-  if grep -q ' T cuda_compile$' <<< "$SYMS" && ! grep -q ' U nvrtcCompileProgram$' <<< "$SYMS"; then
-    die "build/ has the GPU backend without NVRTC: meson configure build -Dcuda=enabled -Dtoolkit_dir=$CUDA_HOME"
+  if grep -q ' T cuda_compile$' <<< "$SYMS" && ! grep -q ' B nvrtc$' <<< "$SYMS"; then
+    die "build/ has the GPU backend without its NVRTC loader (-Dcuda=disabled): meson configure build -Dcuda=enabled"
   fi
   if ! grep -q ' T cuda_compile$' <<< "$SYMS"; then
     echo "building emit_cuda.c, nvrtc.c, driver.c, exec_cuda.c here (liboptc_core.a does not have them yet)"
@@ -118,7 +121,7 @@ else
       compiler/numerics.h "$OUT/numerics_h.c"
     cc "${CFLAGS[@]}" -c "$OUT/numerics_h.c" -o "$OUT/numerics_h.o"
     cc "${CFLAGS[@]}" -c compiler/cuda/emit_cuda.c -o "$OUT/emit_cuda.o"
-    cc "${CFLAGS[@]}" -DOPTC_HAVE_NVRTC -isystem "$CUDA_HOME/include" -c compiler/cuda/nvrtc.c -o "$OUT/nvrtc.o"
+    cc "${CFLAGS[@]}" -DOPTC_HAVE_NVRTC -c compiler/cuda/nvrtc.c -o "$OUT/nvrtc.o"
     cc "${CFLAGS[@]}" -c compiler/cuda/driver.c -o "$OUT/driver.o"
     cc "${CFLAGS[@]}" -c runtime/exec/exec_cuda.c -o "$OUT/exec_cuda.o"
     EXTRA=("$OUT/numerics_h.o" "$OUT/emit_cuda.o" "$OUT/nvrtc.o" "$OUT/driver.o" "$OUT/exec_cuda.o")

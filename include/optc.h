@@ -217,6 +217,22 @@ void optc_pool_free(optc_pool *p);
  * optc_step_run's `threads` is then not read. CPU target only. */
 optc_status optc_step_set_pool(optc_step *s, optc_pool *p, optc_error *err);
 
+/* ---- NVRTC, the CUDA target's compiler ------------------------------------------ */
+/* liboptc opens NVRTC when a CUDA step is first built, and never needs it
+ * for the CPU. It looks, in order, at $OPTC_NVRTC (a path to the library:
+ * that one alone), at the directories given here, at $CUDA_HOME/lib64 and
+ * /usr/local/cuda/lib64, then on the loader's path (LD_LIBRARY_PATH,
+ * ldconfig's cache); in each, for libnvrtc.so.13, then libnvrtc.so.12.
+ * optc.torch gives the lib folders of torch's NVIDIA wheels in its
+ * environment. */
+/* dirs: ':'-separated directories to look in first. Only before NVRTC is
+ * first looked for: OPTC_ERR_INVALID after (nothing changed). */
+optc_status optc_nvrtc_dirs(const char *dirs, optc_error *err);
+/* Looks for NVRTC if that was not done yet, and writes one line to buf
+ * (n bytes, truncated to fit): "NVRTC 13.0 (/path/to/libnvrtc.so.13)", or
+ * why a CUDA step cannot be built. 1 when NVRTC is there, 0 when not. */
+int optc_nvrtc_info(char *buf, size_t n);
+
 /* ---- a group sharded over ranks (FSDP) ------------------------------------------ */
 /* Under FSDP each of N ranks owns a slice of a group's elements and steps
  * only that slice. optc lays a group's tensors one after another in "flat"

@@ -66,7 +66,55 @@ typedef struct CudaProgram {
   CompileTimes times;
 } CudaProgram;
 
-/* Whether this optc was built with NVRTC (meson -Dcuda); why not in why. */
+/* NVRTC is opened with dlopen when the CUDA backend first needs it, never
+ * linked: the CPU path never touches it, and liboptc loads where there is
+ * none. Its C API is declared here, the calls optc makes, so that no
+ * toolkit is needed to build. Looked for, in order:
+ *   $OPTC_NVRTC, a path to the library: that one alone;
+ *   the directories nvrtc_search_dirs was given (optc.torch gives the lib
+ *     folders of torch's NVIDIA wheels in its environment);
+ *   $CUDA_HOME/lib64, /usr/local/cuda/lib64;
+ *   the loader's own path (LD_LIBRARY_PATH, ldconfig's cache);
+ * in each place libnvrtc.so.13, then libnvrtc.so.12. */
+typedef int nvrtcResult;
+typedef struct _nvrtcProgram *nvrtcProgram;
+enum { NVRTC_SUCCESS = 0 };
+
+/* X(field, symbol, return type, parameters) */
+#define NVRTC_API(X) \
+  X(GetErrorString, "nvrtcGetErrorString", const char *, (nvrtcResult r)) \
+  X(Version, "nvrtcVersion", nvrtcResult, (int *major, int *minor)) \
+  X(GetNumSupportedArchs, "nvrtcGetNumSupportedArchs", nvrtcResult, (int *n)) \
+  X(GetSupportedArchs, "nvrtcGetSupportedArchs", nvrtcResult, (int *archs)) \
+  X(CreateProgram, "nvrtcCreateProgram", nvrtcResult, \
+    (nvrtcProgram *p, const char *src, const char *name, int nheaders, const char *const *headers, \
+     const char *const *include_names)) \
+  X(DestroyProgram, "nvrtcDestroyProgram", nvrtcResult, (nvrtcProgram *p)) \
+  X(CompileProgram, "nvrtcCompileProgram", nvrtcResult, (nvrtcProgram p, int n, const char *const *options)) \
+  X(GetPTXSize, "nvrtcGetPTXSize", nvrtcResult, (nvrtcProgram p, size_t *n)) \
+  X(GetPTX, "nvrtcGetPTX", nvrtcResult, (nvrtcProgram p, char *ptx)) \
+  X(GetCUBINSize, "nvrtcGetCUBINSize", nvrtcResult, (nvrtcProgram p, size_t *n)) \
+  X(GetCUBIN, "nvrtcGetCUBIN", nvrtcResult, (nvrtcProgram p, char *cubin)) \
+  X(GetProgramLogSize, "nvrtcGetProgramLogSize", nvrtcResult, (nvrtcProgram p, size_t *n)) \
+  X(GetProgramLog, "nvrtcGetProgramLog", nvrtcResult, (nvrtcProgram p, char *log))
+
+typedef struct {
+#define NVRTC_FIELD(f, sym, ret, params) ret(*f) params;
+  NVRTC_API(NVRTC_FIELD)
+#undef NVRTC_FIELD
+} CudaNvrtc;
+
+/* NVRTC's entry points; filled by nvrtc_load. */
+extern CudaNvrtc nvrtc;
+/* Finds and opens NVRTC, once per process: false, with why it is not
+ * there in one line, when it is not found (or this optc was built with
+ * -Dcuda=disabled). */
+bool nvrtc_load(char *why, size_t n);
+/* Directories (':'-separated) to look in before $CUDA_HOME and the
+ * system; false (nothing changed) once NVRTC has been looked for. */
+bool nvrtc_search_dirs(const char *dirs);
+/* Whether NVRTC is there (nvrtc_load): in why, "NVRTC 13.0 (its path)",
+ * or why not. */
 bool cuda_nvrtc_available(char *why, size_t n);
 /* Compiles every phase of a planned graph. The cubin is cached on disk
  * (kind "cuda"), keyed by the source, the arch, NVRTC's version and optc's.

@@ -13,9 +13,12 @@
  * --prec-div=true and --prec-sqrt=true (correctly rounded / and sqrt),
  * --ftz=false (subnormals kept), as the interpreter computes.
  *
- * Built without NVRTC (meson -Dcuda=disabled, or no toolkit), every entry
- * point says so and the rest of optc is unchanged: this file is the one
- * place that knows (OPTC_HAVE_NVRTC). */
+ * NVRTC itself is opened with dlopen the first time a CUDA program is
+ * compiled (nvrtc_load: where it looks is in gpu.h), never linked, so that
+ * liboptc loads and runs its CPU steps where there is none; then every
+ * entry point says in one line why there is no CUDA backend. Built with
+ * -Dcuda=disabled, they say that instead: this file is the one place that
+ * knows (OPTC_HAVE_NVRTC). */
 #include "gpu.h"
 
 #include "driver.h"
@@ -64,7 +67,147 @@ void cuda_program_report(const CudaProgram *p, Buf *out) {
 int cuda_emit_source(const Graph *g, const CudaTarget *t, Buf *out) { return cuda_emit(g, t, out, NULL); }
 
 #ifdef OPTC_HAVE_NVRTC
-#include <nvrtc.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <unistd.h>
+
+/* ---- finding NVRTC ----------------------------------------------------------------------- */
+
+CudaNvrtc nvrtc;
+
+/* The sonames, newest first: a future major goes in front. */
+static const char *const nvrtc_sonames[] = {"libnvrtc.so.13", "libnvrtc.so.12"};
+
+static struct {
+  pthread_mutex_t lock; /* dirs and searched */
+  pthread_once_t once;
+  bool searched, loaded;
+  char *dirs;           /* nvrtc_search_dirs' list, ':'-separated; NULL: none */
+  char where[512];      /* the file NVRTC was opened from */
+  char why[2048];       /* why it was not, one line */
+} ld = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_ONCE_INIT};
+
+bool nvrtc_search_dirs(const char *dirs) {
+  pthread_mutex_lock(&ld.lock);
+  bool ok = !ld.searched;
+  if (ok) {
+    free(ld.dirs);
+    ld.dirs = dirs && *dirs ? xstrdup(dirs) : NULL;
+  }
+  pthread_mutex_unlock(&ld.lock);
+  return ok;
+}
+
+/* Opens path and reads NVRTC's entry points from it. A file that is there
+ * but does not open (or lacks a symbol) is noted in bad; one that is not
+ * there is not. */
+static bool open_nvrtc(const char *path, Buf *bad) {
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char *e = dlerror();
+    if (strchr(path, '/') && access(path, F_OK) == 0)
+      buf_printf(bad, "; %s", e ? e : path);
+    return false;
+  }
+  CudaNvrtc f;
+#define LOAD(field, sym, ret, params) \
+  if (!(*(void **)&f.field = dlsym(h, sym))) { \
+    buf_printf(bad, "; %s has no %s", path, sym); \
+    dlclose(h); \
+    return false; \
+  }
+  NVRTC_API(LOAD)
+#undef LOAD
+  nvrtc = f;
+  Dl_info info;
+  const char *file = dladdr(*(void **)&f.Version, &info) && info.dli_fname ? info.dli_fname : path;
+  snprintf(ld.where, sizeof ld.where, "%s", file);
+  return true;
+}
+
+/* dir/libnvrtc.so.13, then .12, unless dir was looked in already; dir
+ * goes on the list of places looked in (", "-separated). */
+static bool open_in(const char *dir, size_t len, Buf *looked, Buf *bad) {
+  for (const char *p = looked->data; p && *p;) {
+    const char *end = strstr(p, ", ");
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    if (n == len && !memcmp(p, dir, len))
+      return false;
+    p = end ? end + 2 : p + n;
+  }
+  buf_printf(looked, "%s%.*s", looked->len ? ", " : "", (int)len, dir);
+  for (size_t i = 0; i < ARRAY_LEN(nvrtc_sonames); i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%.*s/%s", (int)len, dir, nvrtc_sonames[i]);
+    if (open_nvrtc(path, bad))
+      return true;
+  }
+  return false;
+}
+
+static void search(void) {
+  pthread_mutex_lock(&ld.lock);
+  ld.searched = true;
+  pthread_mutex_unlock(&ld.lock);
+  Buf looked = {0}, bad = {0};
+  const char *env = getenv("OPTC_NVRTC");
+  if (env && *env) {
+    ld.loaded = open_nvrtc(env, &bad);
+    if (!ld.loaded)
+      snprintf(ld.why, sizeof ld.why, "NVRTC not found: cannot open $OPTC_NVRTC=%s%s", env,
+               bad.len ? "" : " (no such file)");
+    if (!ld.loaded && bad.len)
+      snprintf(ld.why + strlen(ld.why), sizeof ld.why - strlen(ld.why), " (%s)", bad.data + 2);
+    buf_free(&bad);
+    return;
+  }
+  for (const char *d = ld.dirs; d && *d && !ld.loaded;) {
+    const char *end = strchr(d, ':');
+    size_t len = end ? (size_t)(end - d) : strlen(d);
+    if (len)
+      ld.loaded = open_in(d, len, &looked, &bad);
+    d = end ? end + 1 : d + len;
+  }
+  const char *home = getenv("CUDA_HOME");
+  char dir[4096];
+  if (!ld.loaded && home && *home) {
+    size_t len = strlen(home);
+    while (len > 1 && home[len - 1] == '/')
+      len--;
+    snprintf(dir, sizeof dir, "%.*s/lib64", (int)len, home);
+    ld.loaded = open_in(dir, strlen(dir), &looked, &bad);
+  }
+  if (!ld.loaded)
+    ld.loaded = open_in("/usr/local/cuda/lib64", strlen("/usr/local/cuda/lib64"), &looked, &bad);
+  for (size_t i = 0; i < ARRAY_LEN(nvrtc_sonames) && !ld.loaded; i++)
+    ld.loaded = open_nvrtc(nvrtc_sonames[i], &bad);
+  if (!ld.loaded)
+    snprintf(ld.why, sizeof ld.why,
+             "NVRTC not found: no libnvrtc.so.13 or .12 in %s or on the loader's path%s; install torch's CUDA "
+             "build (its nvidia wheels carry NVRTC) or the CUDA toolkit, or set OPTC_NVRTC to a libnvrtc.so",
+             looked.data, bad.len ? bad.data : "");
+  buf_free(&looked);
+  buf_free(&bad);
+}
+
+bool nvrtc_load(char *why, size_t n) {
+  pthread_once(&ld.once, search);
+  if (!ld.loaded && why && n)
+    snprintf(why, n, "%s", ld.why);
+  return ld.loaded;
+}
+
+bool cuda_nvrtc_available(char *why, size_t n) {
+  if (!nvrtc_load(why, n))
+    return false;
+  int major, minor;
+  if (nvrtc.Version(&major, &minor) != NVRTC_SUCCESS) {
+    snprintf(why, n, "NVRTC (%s) does not answer: nvrtcVersion failed", ld.where);
+    return false;
+  }
+  snprintf(why, n, "NVRTC %d.%d (%s)", major, minor, ld.where);
+  return true;
+}
 
 /* Every NVRTC call: on failure, file:line, the call and NVRTC's word for it. */
 #define NVRTC_CHECK(call) nvrtc_check((call), #call, __FILE__, __LINE__)
@@ -72,18 +215,8 @@ int cuda_emit_source(const Graph *g, const CudaTarget *t, Buf *out) { return cud
 static bool nvrtc_check(nvrtcResult r, const char *call, const char *file, int line) {
   if (r == NVRTC_SUCCESS)
     return true;
-  diag_printf("%s:%d: NVRTC error: %s: %s\n", file, line, nvrtcGetErrorString(r), call);
+  diag_printf("%s:%d: NVRTC error: %s: %s\n", file, line, nvrtc.GetErrorString(r), call);
   return false;
-}
-
-bool cuda_nvrtc_available(char *why, size_t n) {
-  int major, minor;
-  if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) {
-    snprintf(why, n, "NVRTC does not answer (nvrtcVersion failed)");
-    return false;
-  }
-  snprintf(why, n, "NVRTC %d.%d", major, minor);
-  return true;
 }
 
 /* The number in sm_90, sm_90a, compute_90; 0 if s is none of these. */
@@ -96,12 +229,17 @@ static int arch_number(const char *s, bool *virt) {
 }
 
 int nvrtc_newest_arch(int want) {
+  char why[2048];
+  if (!nvrtc_load(why, sizeof why)) {
+    error("cuda backend: %s", why);
+    return -1;
+  }
   int count = 0;
-  if (!NVRTC_CHECK(nvrtcGetNumSupportedArchs(&count)))
+  if (!NVRTC_CHECK(nvrtc.GetNumSupportedArchs(&count)))
     return -1;
   int *archs = calloc((size_t)count + 1, sizeof(int));
   ASSERT(archs);
-  if (!NVRTC_CHECK(nvrtcGetSupportedArchs(archs))) {
+  if (!NVRTC_CHECK(nvrtc.GetSupportedArchs(archs))) {
     free(archs);
     return -1;
   }
@@ -233,7 +371,7 @@ static const char *const nvrtc_options[] = {"--fmad=false", "--prec-div=true", "
 /* NVRTC itself: source -> PTX, cubin and log in p. */
 static bool run_nvrtc(CudaProgram *p) {
   nvrtcProgram prog;
-  if (!NVRTC_CHECK(nvrtcCreateProgram(&prog, p->source, "optc_step.cu", 0, NULL, NULL)))
+  if (!NVRTC_CHECK(nvrtc.CreateProgram(&prog, p->source, "optc_step.cu", 0, NULL, NULL)))
     return false;
   char arch_opt[48];
   snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", p->arch);
@@ -245,45 +383,50 @@ static bool run_nvrtc(CudaProgram *p) {
   bool real = !strncmp(p->arch, "sm_", 3);
   if (real)
     opts[nopts++] = "--ptxas-options=-v"; /* registers, spills and stack, in the log */
-  nvrtcResult rc = nvrtcCompileProgram(prog, nopts, opts);
+  nvrtcResult rc = nvrtc.CompileProgram(prog, nopts, opts);
   size_t loglen = 0;
-  bool ok = NVRTC_CHECK(nvrtcGetProgramLogSize(prog, &loglen));
+  bool ok = NVRTC_CHECK(nvrtc.GetProgramLogSize(prog, &loglen));
   p->log = calloc(loglen + 1, 1);
   ASSERT(p->log);
   if (ok && loglen)
-    ok = NVRTC_CHECK(nvrtcGetProgramLog(prog, p->log));
+    ok = NVRTC_CHECK(nvrtc.GetProgramLog(prog, p->log));
   if (rc != NVRTC_SUCCESS) {
     diag_printf("%s:%d: NVRTC error: %s: nvrtcCompileProgram for %s\n--- NVRTC log ---\n%s\n"
                     "--- the generated source ---\n",
-            __FILE__, __LINE__, nvrtcGetErrorString(rc), p->arch, p->log);
+            __FILE__, __LINE__, nvrtc.GetErrorString(rc), p->arch, p->log);
     print_numbered(p->source);
     ok = false;
   }
   if (ok)
-    ok = NVRTC_CHECK(nvrtcGetPTXSize(prog, &p->ptx_len));
+    ok = NVRTC_CHECK(nvrtc.GetPTXSize(prog, &p->ptx_len));
   if (ok) {
     p->ptx = calloc(p->ptx_len + 1, 1);
     ASSERT(p->ptx);
-    ok = NVRTC_CHECK(nvrtcGetPTX(prog, p->ptx));
+    ok = NVRTC_CHECK(nvrtc.GetPTX(prog, p->ptx));
     p->ptx_len = strlen(p->ptx);
   }
   if (ok && real) {
     size_t n = 0;
-    ok = NVRTC_CHECK(nvrtcGetCUBINSize(prog, &n));
+    ok = NVRTC_CHECK(nvrtc.GetCUBINSize(prog, &n));
     if (ok && n > 0) {
       p->cubin = malloc(n);
       ASSERT(p->cubin);
-      ok = NVRTC_CHECK(nvrtcGetCUBIN(prog, p->cubin));
+      ok = NVRTC_CHECK(nvrtc.GetCUBIN(prog, p->cubin));
       p->cubin_len = n;
     }
   }
-  NVRTC_CHECK(nvrtcDestroyProgram(&prog));
+  NVRTC_CHECK(nvrtc.DestroyProgram(&prog));
   return ok;
 }
 
 CudaProgram *cuda_compile(const Graph *g, const CudaTarget *t, CompileTimes *times) {
   if (!g->plan) {
     error("cuda backend: the graph has no plan (run the pass pipeline first)");
+    return NULL;
+  }
+  char missing[2048];
+  if (!nvrtc_load(missing, sizeof missing)) {
+    error("cuda backend: %s", missing);
     return NULL;
   }
   double t0 = now_seconds();
@@ -299,7 +442,7 @@ CudaProgram *cuda_compile(const Graph *g, const CudaTarget *t, CompileTimes *tim
     return NULL;
   }
   p->source = src.data;
-  if (!NVRTC_CHECK(nvrtcVersion(&p->nvrtc_major, &p->nvrtc_minor))) {
+  if (!NVRTC_CHECK(nvrtc.Version(&p->nvrtc_major, &p->nvrtc_minor))) {
     cuda_program_free(p);
     return NULL;
   }
@@ -394,16 +537,25 @@ int cuda_emit_cubin(const Graph *g, const CudaTarget *t, Buf *out) {
   return rc;
 }
 
-#else /* no NVRTC in this build */
+#else /* -Dcuda=disabled */
 
-bool cuda_nvrtc_available(char *why, size_t n) {
-  snprintf(why, n, "this optc was built without NVRTC (meson -Dcuda=disabled, or no CUDA toolkit found)");
+#define NO_CUDA "this optc was built without the CUDA backend (meson -Dcuda=disabled)"
+
+bool nvrtc_search_dirs(const char *dirs) {
+  (void)dirs;
+  return true;
+}
+
+bool nvrtc_load(char *why, size_t n) {
+  snprintf(why, n, NO_CUDA);
   return false;
 }
 
+bool cuda_nvrtc_available(char *why, size_t n) { return nvrtc_load(why, n); }
+
 CudaProgram *cuda_compile(const Graph *g, const CudaTarget *t, CompileTimes *times) {
   (void)g, (void)t, (void)times;
-  error("this optc was built without NVRTC (meson -Dcuda=disabled, or no CUDA toolkit found): no cuda backend");
+  error(NO_CUDA);
   return NULL;
 }
 
@@ -419,6 +571,7 @@ int cuda_emit_cubin(const Graph *g, const CudaTarget *t, Buf *out) {
 
 int nvrtc_newest_arch(int want) {
   (void)want;
+  error(NO_CUDA);
   return -1;
 }
 

@@ -15,10 +15,18 @@ The library is found, in order: $OPTC_LIBRARY (a path to the .so); the
 package directory (the installed layout: liboptc.so.0, liboptc.so or
 liboptc.so.X.Y.Z next to __init__.py); a build/ directory found by walking up from the package
 directory (the source tree, after meson compiles into build/).
+
+NVRTC, which only CUDA steps need, is opened by liboptc when the first one
+is built. On import this module gives it the lib folders of the NVIDIA
+wheels in this environment (`nvidia_lib_dirs`: torch's CUDA build installs
+NVRTC there) to look in before $CUDA_HOME and the system; `nvrtc_info()`
+says which NVRTC it found, or why there is none.
 """
 import ctypes
 import glob
+import importlib.util
 import os
+import re
 import time
 
 # ---- the library ---------------------------------------------------------------------------
@@ -173,8 +181,45 @@ optc_step_run = _bind("optc_step_run", ctypes.c_int, _step_p, ctypes.POINTER(opt
 
 optc_torch_sqrt = _bind("optc_torch_sqrt", ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_float),
                         ctypes.POINTER(ctypes.c_float), ctypes.c_int64, _err_p)
+optc_nvrtc_dirs = _bind("optc_nvrtc_dirs", ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+optc_nvrtc_info = _bind("optc_nvrtc_info", ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
 
 version = optc_version().decode()
+
+# ---- NVRTC ---------------------------------------------------------------------------------
+
+
+def nvidia_lib_dirs():
+    """The lib folders of this environment's NVIDIA wheels that may hold
+    NVRTC, newest CUDA first: nvidia/cu13/lib (CUDA 13's
+    nvidia-cuda-nvrtc), nvidia/cuda_nvrtc/lib (CUDA 12's
+    nvidia-cuda-nvrtc-cu12). Found without importing torch."""
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    out = []
+    for root in roots:
+        cus = glob.glob(os.path.join(root, "cu[0-9]*", "lib"))
+        cus.sort(key=lambda d: -int(re.sub(r"\D", "", os.path.basename(os.path.dirname(d))) or 0))
+        for d in cus + [os.path.join(root, "cuda_nvrtc", "lib")]:
+            if os.path.isdir(d) and d not in out:
+                out.append(d)
+    return out
+
+
+def nvrtc_info():
+    """(found, line): whether liboptc has NVRTC for CUDA steps, and
+    "NVRTC 13.0 (its path)" or why not. Looks for it if no CUDA step has."""
+    buf = ctypes.create_string_buffer(2048)
+    ok = optc_nvrtc_info(buf, len(buf))
+    return bool(ok), buf.value.decode(errors="replace")
+
+
+# Before anything looks for NVRTC; a second copy of this module over the same
+# liboptc finds it given already.
+optc_nvrtc_dirs(os.pathsep.join(nvidia_lib_dirs()).encode(), None)
 
 # ---- errors --------------------------------------------------------------------------------
 

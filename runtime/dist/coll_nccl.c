@@ -16,8 +16,9 @@
  *   SMALL_ALL_REDUCE) ncclAllGather everything and fold on every rank.
  * - all-gather, broadcast: ncclAllGather, ncclBroadcast. Barrier: an
  *   ncclAllReduce of one int.
- * The kernels are compiled with NVRTC when the Coll is made, for the arch
- * the GPU backend would choose (compiler/cuda/nvrtc.c); the CUDA driver
+ * The kernels are compiled with NVRTC (dlopened as the GPU backend opens
+ * it: gpu.h) when the Coll is made, for the arch the GPU backend would
+ * choose (compiler/cuda/nvrtc.c); the CUDA driver
  * API (allocation, streams, modules, launches) is the backend's, dlopened
  * (compiler/cuda/driver.h), never linked. */
 #include "coll.h"
@@ -27,7 +28,6 @@
 #include "gpu.h"
 
 #include <nccl.h>
-#include <nvrtc.h>
 #include <sched.h>
 #include <string.h>
 #include <unistd.h>
@@ -464,6 +464,8 @@ static void pick_arch(int major, int minor, char *arch, size_t n, bool *ptx) {
 /* Compiles kernel_src for the device into n->module. 0, or -1 with the
  * reason (NVRTC's log and the source included) in err. */
 static int compile_folds(CollNccl *n, int major, int minor, char *err, size_t errlen) {
+  if (!nvrtc_load(err, errlen))
+    return -1;
   char arch[32], opt[64];
   bool ptx = false;
   pick_arch(major, minor, arch, sizeof arch, &ptx);
@@ -471,35 +473,35 @@ static int compile_folds(CollNccl *n, int major, int minor, char *err, size_t er
   /* No contraction and no flush to zero: the host's bits. */
   const char *opts[] = {opt, "--fmad=false", "--ftz=false", "--std=c++17"};
   nvrtcProgram prog;
-  nvrtcResult rc = nvrtcCreateProgram(&prog, kernel_src, "coll_folds.cu", 0, NULL, NULL);
+  nvrtcResult rc = nvrtc.CreateProgram(&prog, kernel_src, "coll_folds.cu", 0, NULL, NULL);
   if (rc != NVRTC_SUCCESS) {
-    snprintf(err, errlen, "%s:%d: nvrtcCreateProgram: %s", __FILE__, __LINE__, nvrtcGetErrorString(rc));
+    snprintf(err, errlen, "%s:%d: nvrtcCreateProgram: %s", __FILE__, __LINE__, nvrtc.GetErrorString(rc));
     return -1;
   }
-  rc = nvrtcCompileProgram(prog, (int)ARRAY_LEN(opts), opts);
+  rc = nvrtc.CompileProgram(prog, (int)ARRAY_LEN(opts), opts);
   if (rc != NVRTC_SUCCESS) {
     size_t loglen = 0;
     char *log = NULL;
-    if (nvrtcGetProgramLogSize(prog, &loglen) == NVRTC_SUCCESS && (log = calloc(1, loglen + 1)))
-      nvrtcGetProgramLog(prog, log);
+    if (nvrtc.GetProgramLogSize(prog, &loglen) == NVRTC_SUCCESS && (log = calloc(1, loglen + 1)))
+      nvrtc.GetProgramLog(prog, log);
     snprintf(err, errlen, "%s:%d: nvrtcCompileProgram (%s): %s\n%s\n--- coll_folds.cu ---\n%s", __FILE__, __LINE__,
-             arch, nvrtcGetErrorString(rc), log ? log : "", kernel_src);
+             arch, nvrtc.GetErrorString(rc), log ? log : "", kernel_src);
     free(log);
-    nvrtcDestroyProgram(&prog);
+    nvrtc.DestroyProgram(&prog);
     return -1;
   }
   size_t size = 0;
   char *image = NULL;
-  rc = ptx ? nvrtcGetPTXSize(prog, &size) : nvrtcGetCUBINSize(prog, &size);
+  rc = ptx ? nvrtc.GetPTXSize(prog, &size) : nvrtc.GetCUBINSize(prog, &size);
   if (rc == NVRTC_SUCCESS) {
     image = calloc(1, size + 1); /* PTX is text: NUL-terminated */
     ASSERT(image);
-    rc = ptx ? nvrtcGetPTX(prog, image) : nvrtcGetCUBIN(prog, image);
+    rc = ptx ? nvrtc.GetPTX(prog, image) : nvrtc.GetCUBIN(prog, image);
   }
-  nvrtcDestroyProgram(&prog);
+  nvrtc.DestroyProgram(&prog);
   if (rc != NVRTC_SUCCESS) {
     snprintf(err, errlen, "%s:%d: %s: %s", __FILE__, __LINE__, ptx ? "nvrtcGetPTX" : "nvrtcGetCUBIN",
-             nvrtcGetErrorString(rc));
+             nvrtc.GetErrorString(rc));
     free(image);
     return -1;
   }

@@ -381,8 +381,8 @@ int executor_init(Executor *x, Backend b, const Graph *optimized, const Graph *u
     x->pool = pool_create(threads);
     return 0;
   case BACKEND_CUDA: {
-    char why[256];
-    if (!cuda_device_available(why, sizeof why)) {
+    char why[2048]; /* NVRTC first, as the public API asks: the one line that names where it looked */
+    if (!cuda_nvrtc_available(why, sizeof why) || !cuda_device_available(why, sizeof why)) {
       error("--backend cuda: %s", why);
       return -1;
     }
