@@ -293,8 +293,8 @@ def clip_run(dtype, groups, max_norm, scale=None, steps=8, give_norm=False, name
 @pytest.mark.parametrize("groups", [False, True], ids=["one-program", "three-groups"])
 @pytest.mark.parametrize("max_norm", [1e-3, 0.5, 100.0])
 def test_clip_equals_torch(dtype, groups, max_norm):
-    same = clip_run(dtype, groups, max_norm)
-    if dtype == torch.bfloat16 or max_norm == 100.0:  # fp32 norms often differ in the last bit
+    same = clip_run(dtype, groups, max_norm)  # every step's params compared bit for bit
+    if dtype == torch.bfloat16:  # fp32 norms often differ in the last bit; bf16's rarely
         assert same >= 1, "optc's norm never had torch's last bits"
 
 
