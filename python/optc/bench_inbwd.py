@@ -69,6 +69,11 @@ def main(argv=None):
 
     cores = len(os.sched_getaffinity(0))
     out = dict(cpu=_cpu(), cores=cores, torch=torch.__version__, width=args.width, depth=args.depth, runs=[])
+    out["parallel_ratios"] = [parallel_probe(torch) for _ in range(5)]
+    out["parallel_ratio"] = sorted(out["parallel_ratios"])[2]
+    print(f"  two threads of independent matmuls take {out['parallel_ratio']:.2f}x one thread's time here, the "
+          f"median of {', '.join(f'{r:.2f}' for r in out['parallel_ratios'])} (1.0: two free cores; near 2: they "
+          f"share one, and overlap cannot pay)")
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     out["dtype"] = args.dtype
     nparams = args.depth * (args.width * args.width + args.width) + args.vocab * args.width
@@ -176,6 +181,37 @@ def _choose_batch(torch, otorch, model, width, vocab, dtype, share, othreads):
             break
         chosen = b
     return chosen
+
+
+def parallel_probe(torch, reps=40):
+    """How this machine runs two threads of independent work at once: the time
+    of two threads each doing `reps` in-cache matmuls, over one thread's. 1.0
+    on two real cores; near 2 where the two share one (SMT, or a VM's quota).
+    Overlapping the step with the backward can gain only where this is
+    well below 2."""
+    import threading
+    a = torch.randn(640, 640)  # 1.6 MB: in a core's L2; ~0.5 GFLOP a call, so the GIL is not what is timed
+
+    def work():
+        for _ in range(reps):
+            torch.mm(a, a)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        work()
+        t0 = time.perf_counter()
+        work()
+        one = time.perf_counter() - t0
+        ts = [threading.Thread(target=work) for _ in range(2)]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        two = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(threads)
+    return two / one
 
 
 def _cpu():
