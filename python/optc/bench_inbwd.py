@@ -108,10 +108,15 @@ def main(argv=None):
         fb_only = []
 
         def iteration(m, o):
+            """(ms of forward and backward, ms in opt.step() after it)"""
+            t0 = time.perf_counter()
             loss = m(x).float().square().mean()
             loss.backward()
+            t1 = time.perf_counter()
             o.step()
+            t2 = time.perf_counter()
             o.zero_grad()
+            return (t1 - t0) * 1e3, (t2 - t1) * 1e3
 
         def fwd_bwd(m):
             loss = m(x).float().square().mean()
@@ -120,6 +125,7 @@ def main(argv=None):
                 p.grad = None
 
         times = {k: [] for k in runs}
+        parts = {k: [] for k in runs}
         for r in range(args.warmup + args.rounds):
             order = list(runs)
             order = order[r % len(order):] + order[:r % len(order)]
@@ -128,28 +134,32 @@ def main(argv=None):
             fb = (time.perf_counter() - t0) * 1e3
             for k in order:
                 t0 = time.perf_counter()
-                iteration(*runs[k])
+                part = iteration(*runs[k])
                 dt = (time.perf_counter() - t0) * 1e3
                 if r >= args.warmup:
                     times[k].append(dt)
+                    parts[k].append(part)
             if r >= args.warmup:
                 fb_only.append(fb)
         base = times["after"]
         fbm = statistics.median(fb_only)
         print(f"\n  {name}: torch {tthreads} thread(s), optc {othreads}; batch {batch}; forward+backward alone "
               f"{fbm:.1f} ms; {args.rounds} rounds in turns")
-        print(f"  {'':22s} {'ms/iter':>8s} {'min':>7s} {'max':>7s} {'vs after':>9s}   step's share")
+        print(f"  {'':22s} {'ms/iter':>8s} {'min':>7s} {'max':>7s} {'vs after':>9s} {'fwd+bwd':>8s} "
+              f"{'in step()':>9s}")
         rec = dict(split=name, torch_threads=tthreads, optc_threads=othreads, batch=batch, fwd_bwd_ms=fbm,
                    modes={})
         for k, ts in times.items():
             med = statistics.median(ts)
             ratio = statistics.median(a / b for a, b in zip(ts, base))
-            share = max(0.0, (med - fbm) / med)
+            fb_k = statistics.median(a for a, _ in parts[k])
+            st_k = statistics.median(b for _, b in parts[k])
             stats = getattr(runs[k][1], "in_backward_stats", None)
-            print(f"  {k:22s} {med:8.1f} {min(ts):7.1f} {max(ts):7.1f} {ratio:8.3f}x   {share:5.0%}"
-                  + (f"   {stats}" if stats else ""))
+            print(f"  {k:22s} {med:8.1f} {min(ts):7.1f} {max(ts):7.1f} {ratio:8.3f}x {fb_k:8.1f} {st_k:9.1f}"
+                  + (f"   in the backward: {stats['stepped_in_backward']} of "
+                     f"{stats['stepped_in_backward'] + stats['stepped_after']} params" if stats else ""))
             rec["modes"][k] = dict(ms=med, ms_min=min(ts), ms_max=max(ts), rounds_ms=ts, vs_after=ratio,
-                                   in_backward_stats=stats)
+                                   fwd_bwd_ms=fb_k, step_call_ms=st_k, in_backward_stats=stats)
         out["runs"].append(rec)
         batch = args.batch or batch
     if args.json:
