@@ -412,6 +412,8 @@ const char *yaml_unresolved(const YamlNode *n) {
 
 /* ---- printing ------------------------------------------------------------ */
 
+enum { SIMPLE_KEY_MAX = 1000 }; /* below YAML's 1024-character limit on a simple key */
+
 /* s, plain where YAML reads it back as the same text (and plain_ok), else
  * double-quoted with escapes */
 static void print_text(Buf *b, const char *s, bool plain_ok) {
@@ -451,8 +453,16 @@ static void print_node(Buf *b, const YamlNode *n, int indent) {
     const YamlNode *v = n->items[i];
     buf_printf(b, "%*s", indent, "");
     if (n->kind == YAML_MAP) {
-      print_text(b, n->keys[i], true); /* a key like "" or "a: b" quoted */
-      buf_puts(b, ":");
+      /* a key like "" or "a: b" quoted; one longer than a simple key may be
+       * (YAML: 1024 characters, quotes and escapes counted) as an explicit
+       * key, "? KEY" and the ':' on the next line */
+      Buf key = {0};
+      print_text(&key, n->keys[i], true);
+      if (key.len > SIMPLE_KEY_MAX)
+        buf_printf(b, "? %.*s\n%*s:", (int)key.len, key.data, indent, "");
+      else
+        buf_printf(b, "%.*s:", (int)key.len, key.data);
+      buf_free(&key);
     } else
       buf_puts(b, "-");
     if ((v->kind == YAML_MAP || v->kind == YAML_SEQ) && v->n > 0) {
