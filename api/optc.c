@@ -381,7 +381,8 @@ const char *optc_step_scalar_name(const optc_step *s, int i, double *dflt) {
   return x->name;
 }
 
-int optc_step_bytes_per_element(const optc_step *s) { return s ? s->g->plan->bytes_per_element : 0; }
+int optc_step_bytes_per_element(const optc_step *s) { return s ? (int)ceil(s->g->plan->bytes_per_element) : 0; }
+double optc_step_traffic(const optc_step *s) { return s ? s->g->plan->bytes_per_element : 0; }
 const char *optc_step_ir(const optc_step *s) { return s ? s->ir : ""; }
 const char *optc_step_plan(const optc_step *s) { return s ? s->plan : ""; }
 

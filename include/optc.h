@@ -150,8 +150,12 @@ optc_init optc_step_state_init(const optc_step *s, int k, double *value);
 int optc_step_num_scalars(const optc_step *s);
 const char *optc_step_scalar_name(const optc_step *s, int i, double *dflt);
 /* Bytes one run moves per element (the traffic model), and the step's IR
- * and phase plan as text (a pointer into the step, valid until it is freed). */
+ * and phase plan as text (a pointer into the step, valid until it is freed).
+ * With quantized states the traffic is a fraction (half a byte per 4-bit
+ * code, a scale per block): optc_step_bytes_per_element rounds it up,
+ * optc_step_traffic gives it exactly. */
 int optc_step_bytes_per_element(const optc_step *s);
+double optc_step_traffic(const optc_step *s);
 const char *optc_step_ir(const optc_step *s);
 const char *optc_step_plan(const optc_step *s);
 

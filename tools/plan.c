@@ -410,7 +410,7 @@ int cmd_plan(int argc, char **argv) {
            w1, v1, w2, v2, w3, v3, w4, v4, run.wide, run.narrow, run.span_elems, w6, v6, (int)tc.batch_size, seq,
            threads, threads == 1 ? "" : "s", w7, v7, w8, v8);
     double e = human(step_bytes, &u5);
-    printf("  step traffic %d bytes/element in %d phase%s: %.2f %s per rank per step\n", g->plan->bytes_per_element,
+    printf("  step traffic %g bytes/element in %d phase%s: %.2f %s per rank per step\n", g->plan->bytes_per_element,
            g->plan->nphases, g->plan->nphases == 1 ? "" : "s", e, u5);
     printf("  step time    %.1f ms at %.1f GB/s (%s)\n", step_s * 1e3, bandwidth, bw_from);
     /* the units: consecutive ones of the same size on one line */

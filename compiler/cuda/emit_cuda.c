@@ -692,7 +692,7 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   int cpb = nred ? threads / tpc : 1;                     /* chunks per block */
 
   /* header: what the phase moves */
-  buf_printf(o, "/* phase %d: %d bytes/element, %d ops/element\n *   reads:", k, ph->bytes_per_element, ph->nops);
+  buf_printf(o, "/* phase %d: %g bytes/element, %d ops/element\n *   reads:", k, ph->bytes_per_element, ph->nops);
   for (int i = 0; i < ph->nreads; i++)
     buf_printf(o, " @%s %s", g->bufs[ph->reads[i].buf].name, type_names[ph->reads[i].type]);
   if (!ph->nreads)
