@@ -14,14 +14,16 @@
  *   loads, and stores only in the last sweep. Loads therefore always see the
  *   buffers as they were before the step.
  * - A reduction to block scope is a max over the elements of one block
- *   (exact in any order), known before anything that reads it. Within a
+ *   (exact in any order; with a NaN among them, the default NaN), known
+ *   before anything that reads it. Within a
  *   sweep the interpreter takes each block of a chunk in block stages (as
  *   the plan does): pass b computes what needs b block reductions, and the
  *   last pass recomputes every value and stores.
- * - Codes: `lookup` is the code book's entry, `search` numerics.h's
+ * - Codes: `lookup` is the code book's entry, `search` numerics_quant.h's
  *   optc_code_search, torchao's algorithm itself (the backends search the
  *   thresholds instead, which give the same codes).
  */
+#include "numerics_quant.h"
 #include "plan.h"
 
 #include <math.h>
@@ -465,6 +467,11 @@ static void sweep_block(Interp *in, int s, Ref r, bool final, const Chunk *ch, i
       if (last && r != NOREF)
         accumulate(in, r, w, lanes, e);
     }
+    /* a block's max with a NaN in it is the default NaN, whichever NaN it
+     * met first (as the backends, whose lanes meet them in other orders) */
+    for (int i = 0; i < g->nins; i++)
+      if (is_block_reduce(&g->ins[i]) && in->stage[i] <= s && in->bstage[i] == bs + 1 && isnan(in->blockv[i].d))
+        in->blockv[i].d = NAN;
   }
   if (final) /* the block's own stores (its scale), every load of the block done */
     for (int i = 0; i < g->nins; i++) {

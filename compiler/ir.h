@@ -45,7 +45,7 @@ extern const char *const red_names[NUM_REDS];
 /* ---- code books (codebook.c) ------------------------------------------------
  * The sorted tables a quantized state's codes index: `lookup BOOK %c` is
  * BOOK's value of code c, `search BOOK %y` the code of y, as torchao's
- * quantize_{8,4}bit_with_qmap finds it (numerics.h, optc_code_search).
+ * quantize_{8,4}bit_with_qmap finds it (numerics_quant.h, optc_code_search).
  * torchao's and bitsandbytes' dynamic maps (create_dynamic_map: sign, a
  * decimal exponent and a linear fraction) and linear maps, each the fp32
  * values torch makes of them. */
