@@ -302,6 +302,8 @@ optc_status optc_step_new(const optc_spec *spec, optc_step **out, optc_error *er
     }
     char num[40];
     fmt_double(num, o->value, false);
+    if (strcmp(o->name, "block_size") == 0 && o->value == (double)(long long)o->value)
+      snprintf(num, sizeof num, "%lld", (long long)o->value); /* an integer key */
     if (is_bool_option(o->name))
       buf_printf(&y, "  %s: %s\n", o->name, o->value != 0 ? "true" : "false");
     else
