@@ -736,7 +736,8 @@ class OptcOptimizer:
     def _optc_norm_program(self, r):
         """optc.grad_norm for run r's layout: measures, writes nothing."""
         lay = r.layout
-        k = ProgramKey(lay._replace(optimizer="optc.grad_norm", fused=False, flags=()), _capi.OPTC_CLIP_NONE,
+        k = ProgramKey(lay._replace(optimizer="optc.grad_norm", fused=False, flags=(), state_dtype=lay.param_dtype),
+                       _capi.OPTC_CLIP_NONE,
                        "propagate", r.group_index)
         return self._optc_program(k, (), _where_of(r))
 
