@@ -105,18 +105,22 @@ static const char *dtype_key(optc_dtype d) {
   case OPTC_F32: return "fp32";
   case OPTC_BF16: return "bf16";
   case OPTC_F16: return "fp16";
+  case OPTC_U8: return "int8";
+  case OPTC_U4: return "int4";
   }
   return NULL;
 }
 
 static Type dtype_type(optc_dtype d) { return d == OPTC_BF16 ? TY_BF16 : d == OPTC_F16 ? TY_F16 : TY_F32; }
 
-static optc_dtype type_dtype(Type t) { return t == TY_BF16 ? OPTC_BF16 : t == TY_F16 ? OPTC_F16 : OPTC_F32; }
+static optc_dtype type_dtype(Type t) {
+  return t == TY_BF16 ? OPTC_BF16 : t == TY_F16 ? OPTC_F16 : t == TY_U8 ? OPTC_U8 : t == TY_U4 ? OPTC_U4 : OPTC_F32;
+}
 
 /* The options that are bools in the recipe (the rest are numbers). */
 static bool is_bool_option(const char *name) {
   static const char *const names[] = {"amsgrad", "maximize", "nesterov", "centered", "decoupled_weight_decay",
-                                      "foreach", "capturable", "differentiable"};
+                                      "foreach", "capturable", "differentiable", "bf16_stochastic_round"};
   for (size_t i = 0; i < ARRAY_LEN(names); i++)
     if (strcmp(names[i], name) == 0)
       return true;
@@ -244,8 +248,10 @@ optc_status optc_step_new(const optc_spec *spec, optc_step **out, optc_error *er
   *out = NULL;
   if (!spec->optimizer || !*spec->optimizer)
     return fail(&c, err, OPTC_ERR_INVALID, "optc_step_new: no optimizer named");
-  if (!dtype_key(spec->param_dtype) || !dtype_key(spec->grad_dtype) || !dtype_key(spec->state_dtype))
-    return fail(&c, err, OPTC_ERR_INVALID, "optc_step_new: a dtype is not OPTC_F32, OPTC_BF16 or OPTC_F16");
+  if (!dtype_key(spec->param_dtype) || !dtype_key(spec->grad_dtype) || !dtype_key(spec->state_dtype) ||
+      spec->param_dtype > OPTC_F16 || spec->grad_dtype > OPTC_F16)
+    return fail(&c, err, OPTC_ERR_INVALID, "optc_step_new: a dtype is not OPTC_F32, OPTC_BF16 or OPTC_F16 (or, "
+                                           "for the states, OPTC_U8, OPTC_U4)");
   if (spec->noptions < 0 || (spec->noptions > 0 && !spec->options))
     return fail(&c, err, OPTC_ERR_INVALID, "optc_step_new: %d options but no array", spec->noptions);
   if ((int)spec->clip < 0 || spec->clip > OPTC_CLIP_GIVEN || (int)spec->nonfinite < 0 ||
@@ -264,7 +270,9 @@ optc_status optc_step_new(const optc_spec *spec, optc_step **out, optc_error *er
   static const struct { const char *name, *component; } short_names[] = {
       {"adamw", "torch.optim.AdamW"}, {"adam", "torch.optim.Adam"}, {"sgd", "torch.optim.SGD"},
       {"adagrad", "torch.optim.Adagrad"}, {"rmsprop", "torch.optim.RMSprop"}, {"lion", "optc.Lion"},
-      {"grad_norm", "optc.grad_norm"}};
+      {"grad_norm", "optc.grad_norm"}, {"adamw8bit", "torchao.optim.AdamW8bit"},
+      {"adamw4bit", "torchao.optim.AdamW4bit"}};
+  Buf top = {0}; /* the recipe's own keys among the options */
   const char *component = spec->optimizer;
   for (size_t i = 0; i < ARRAY_LEN(short_names); i++)
     if (strcmp(short_names[i].name, component) == 0)
@@ -274,12 +282,28 @@ optc_status optc_step_new(const optc_spec *spec, optc_step **out, optc_error *er
     const optc_scalar *o = &spec->options[i];
     if (!is_key(o->name)) {
       buf_free(&y);
+      buf_free(&top);
       return fail(&c, err, OPTC_ERR_INVALID, "optc_step_new: option %d has no valid name", i);
     }
     if (strcmp(o->name, "fused") == 0)
       continue;
+    if (strcmp(o->name, "stochastic_rounding") == 0 || strcmp(o->name, "kahan") == 0) {
+      if (strcmp(o->name, "kahan") == 0)
+        buf_printf(&top, "compensation: %s\n", o->value != 0 ? "kahan" : "none");
+      else
+        buf_printf(&top, "stochastic_rounding: %s\n", o->value != 0 ? "true" : "false");
+      continue;
+    }
+    if (strcmp(o->name, "seed") == 0) {
+      char num[40];
+      fmt_double(num, o->value, false);
+      buf_printf(&top, "seed: %s\n", num);
+      continue;
+    }
     char num[40];
     fmt_double(num, o->value, false);
+    if (strcmp(o->name, "block_size") == 0 && o->value == (double)(long long)o->value)
+      snprintf(num, sizeof num, "%lld", (long long)o->value); /* an integer key */
     if (is_bool_option(o->name))
       buf_printf(&y, "  %s: %s\n", o->name, o->value != 0 ? "true" : "false");
     else
@@ -295,6 +319,9 @@ optc_status optc_step_new(const optc_spec *spec, optc_step **out, optc_error *er
              spec->write_back_grads ? "true" : "false");
   if (spec->torch_cpu)
     buf_printf(&y, "torch_cpu: %s\n", spec->torch_cpu);
+  if (top.len)
+    buf_puts(&y, top.data);
+  buf_free(&top);
   Arena *a = arena_new();
   Recipe *r = recipe_from_text("<optc_spec>", y.data, NULL, 0, a);
   buf_free(&y);
@@ -370,6 +397,24 @@ optc_init optc_step_state_init(const optc_step *s, int k, double *value) {
   return kind;
 }
 
+int optc_step_state_block(const optc_step *s, int k) {
+  return s && k >= 0 && k < s->nstates && s->g->bufs[s->state_buf[k]].per_block ? s->g->block : 0;
+}
+
+int64_t optc_step_state_bytes(const optc_step *s, int k, int64_t numel) {
+  return s && k >= 0 && k < s->nstates && numel >= 0 ? buffer_bytes(s->g, s->state_buf[k], numel) : 0;
+}
+
+int optc_code_book(const char *name, float *values) {
+  Book b;
+  if (!name || !book_from_name(name, strlen(name), &b))
+    return 0;
+  const CodeBook *cb = codebook(b);
+  if (values)
+    memcpy(values, cb->q, sizeof(float) * (size_t)cb->n);
+  return cb->n;
+}
+
 int optc_step_num_scalars(const optc_step *s) { return s ? s->nscalars : 0; }
 
 const char *optc_step_scalar_name(const optc_step *s, int i, double *dflt) {
@@ -381,7 +426,8 @@ const char *optc_step_scalar_name(const optc_step *s, int i, double *dflt) {
   return x->name;
 }
 
-int optc_step_bytes_per_element(const optc_step *s) { return s ? s->g->plan->bytes_per_element : 0; }
+int optc_step_bytes_per_element(const optc_step *s) { return s ? (int)ceil(s->g->plan->bytes_per_element) : 0; }
+double optc_step_traffic(const optc_step *s) { return s ? s->g->plan->bytes_per_element : 0; }
 const char *optc_step_ir(const optc_step *s) { return s ? s->ir : ""; }
 const char *optc_step_plan(const optc_step *s) { return s ? s->plan : ""; }
 
@@ -521,6 +567,25 @@ int64_t optc_chunk_index(int ntensors, const int64_t *numel, int64_t flat) {
   return k;
 }
 
+/* The tensors' start: OPTC_TENSOR_ALIGN, or a quantized step's block. */
+static int64_t step_align(const optc_step *s) { return graph_align(s->g); }
+
+int optc_step_align(const optc_step *s) { return s ? (int)step_align(s) : OPTC_TENSOR_ALIGN; }
+
+int64_t optc_step_flat_layout(const optc_step *s, int ntensors, const int64_t *numel, int64_t *offset) {
+  return s && numel && ntensors > 0 ? layout_offsets_a(ntensors, numel, step_align(s), offset) : 0;
+}
+
+int64_t optc_step_chunk_index(const optc_step *s, int ntensors, const int64_t *numel, int64_t flat) {
+  if (!s || !numel || ntensors <= 0)
+    return 0;
+  GroupLayout l;
+  layout_init_a(&l, ntensors, numel, step_align(s));
+  int64_t k = layout_chunk_at(&l, flat);
+  layout_free(&l);
+  return k;
+}
+
 /* A shard's ranges: its own, or [lo, hi) as one. */
 static int shard_ranges(const optc_shard *sh, const int64_t **r, int64_t one[2]) {
   if (sh->nranges > 0) {
@@ -548,13 +613,13 @@ static void use_layout(optc_step *s, int n, const int64_t *numel, const optc_sha
   if (same)
     return;
   drop_layout(s);
-  layout_init(&s->layout, n, numel);
+  layout_init_a(&s->layout, n, numel, step_align(s));
   s->sharded = sh != NULL;
   if (sh) {
     const int64_t *r;
     int64_t one[2];
     int nr = shard_ranges(sh, &r, one);
-    layout_init(&s->full, n, numel);
+    layout_init_a(&s->full, n, numel, step_align(s));
     layout_select(&s->layout, nr, r);
     s->ranges = malloc(sizeof(int64_t) * 2 * (size_t)nr);
     ASSERT(s->ranges);
@@ -652,7 +717,7 @@ static optc_status run(optc_step *s, const optc_buffers *b, const optc_shard *sh
                     g->bufs[s->state_buf[k]].name);
   }
   if (sh) {
-    int64_t total = optc_flat_layout(n, b->numel, NULL);
+    int64_t total = optc_step_flat_layout(s, n, b->numel, NULL);
     if (sh->nranges < 0 || (sh->nranges > 0 && !sh->ranges))
       return fail(&c, err, OPTC_ERR_INVALID, "%s: %d ranges but no array", fn, sh->nranges);
     if (sh->nranges == 0 && (sh->lo < 0 || sh->lo % OPTC_REDUCE_BLOCK != 0 || sh->hi < sh->lo || sh->hi > total))
@@ -661,7 +726,7 @@ static optc_status run(optc_step *s, const optc_buffers *b, const optc_shard *sh
                   (long long)sh->lo, (long long)sh->hi, (long long)total, OPTC_REDUCE_BLOCK);
     if (sh->nranges > 0) {
       GroupLayout probe;
-      layout_init(&probe, n, b->numel);
+      layout_init_a(&probe, n, b->numel, step_align(s));
       int bad = -1;
       for (int k = 0; k < sh->nranges && bad < 0; k++) {
         int64_t lo = sh->ranges[2 * k], hi = sh->ranges[2 * k + 1];

@@ -12,15 +12,18 @@
 
 /* ---- element types ------------------------------------------------------------ */
 
-const char *const type_names[NUM_TYPES] = {"void", "bool", "i32", "i64", "f16", "bf16", "f32", "f64"};
+const char *const type_names[NUM_TYPES] = {"void", "bool", "i32", "i64", "f16", "bf16", "f32", "f64", "u8", "u4"};
 
 int type_size(Type t) {
-  static const int size[NUM_TYPES] = {0, 1, 4, 8, 2, 2, 4, 8};
+  static const int size[NUM_TYPES] = {0, 1, 4, 8, 2, 2, 4, 8, 1, 1};
   return size[t];
 }
 
+int type_bits(Type t) { return t == TY_U4 ? 4 : 8 * type_size(t); }
+
 bool type_is_float(Type t) { return t == TY_F16 || t == TY_BF16 || t == TY_F32 || t == TY_F64; }
 bool type_is_int(Type t) { return t == TY_I32 || t == TY_I64; }
+bool type_is_code(Type t) { return t == TY_U8 || t == TY_U4; }
 
 bool type_from_name(const char *s, size_t n, Type *out) {
   for (int t = TY_BOOL; t < NUM_TYPES; t++)

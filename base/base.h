@@ -29,12 +29,19 @@
 /* ---- base.c: element types ------------------------------------------------
  * What one element of a buffer or a tensor is: the IR's value types and the
  * dtypes of the tensors a file holds. */
-typedef enum { TY_VOID, TY_BOOL, TY_I32, TY_I64, TY_F16, TY_BF16, TY_F32, TY_F64, NUM_TYPES } Type;
+/* u8 and u4 are the codes of a quantized state (compiler/ir.h, code books):
+ * unsigned, 8 and 4 bits; a u4 tensor holds two a byte, element 2k in the
+ * high nibble of byte k and 2k + 1 in the low one (torchao's packing). They
+ * are neither ints nor floats: only loads, stores, lookup and search take
+ * them. */
+typedef enum { TY_VOID, TY_BOOL, TY_I32, TY_I64, TY_F16, TY_BF16, TY_F32, TY_F64, TY_U8, TY_U4, NUM_TYPES } Type;
 
 extern const char *const type_names[NUM_TYPES];
-int type_size(Type t); /* bytes per element; 0 for void */
+int type_size(Type t); /* bytes per element; 0 for void; 1 for u4, whose byte holds two */
+int type_bits(Type t); /* bits per element: 4 for u4 */
 bool type_is_float(Type t);
 bool type_is_int(Type t);
+bool type_is_code(Type t); /* u8, u4 */
 /* The type named s[0..n) (f32, bf16, i64, ...; not void). */
 bool type_from_name(const char *s, size_t n, Type *out);
 

@@ -270,6 +270,8 @@ static void fill_range(void *ctx, int64_t lo, int64_t hi) {
   for (int b = 0; b < g->nbufs; b++) {
     Type t = (Type)g->bufs[b].type;
     BufKind k = g->bufs[b].kind;
+    if (type_is_code(t) || g->bufs[b].per_block)
+      continue; /* a quantized state: codes 0, scales 0 (group_alloc's zeros), torchao's start */
     for (int64_t i = lo; i < hi; i++) {
       /* params ~ U(-1, 1), grads ~ U(-0.01, 0.01), states 0 (v >= 0) */
       float u = (float)((splitmix(&s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
@@ -562,9 +564,9 @@ int bench_optimizer(int argc, char **argv) {
     return 1;
   }
   L4Config model = tc.has_model ? tc.model : l4_config_scout(); /* no model: Scout's mix */
-  int bytes_per_buffer_elem = 0;
+  double bytes_per_buffer_elem = 0;
   for (int b = 0; b < g->nbufs; b++)
-    bytes_per_buffer_elem += type_size(g->bufs[b].type);
+    bytes_per_buffer_elem += buffer_elem_bytes(g, b);
   if (!nparams)
     nparams = ((int64_t)1 << 30) / bytes_per_buffer_elem + 1;
   int ntensors;

@@ -204,7 +204,7 @@ int main(int argc, char **argv) {
 
   double bytes = (double)g->plan->bytes_per_element * (double)params;
   printf("device: %s\n", desc);
-  printf("optc %s%s, %lld parameters in %d tensors, %d bytes/element over %d phase%s\n", layout, clip ? " clip" : "",
+  printf("optc %s%s, %lld parameters in %d tensors, %g bytes/element over %d phase%s\n", layout, clip ? " clip" : "",
          (long long)params, n, g->plan->bytes_per_element, g->plan->nphases, g->plan->nphases == 1 ? "" : "s");
   printf("compile: emit %.2f ms + NVRTC %.1f ms cold; disk-cache hit %.2f ms\n%s", cold.build, cold.codegen,
          warm.build + warm.codegen, report.data);
@@ -215,7 +215,7 @@ int main(int argc, char **argv) {
          skipped ? " (SKIPPED steps: non-finite)" : "");
   for (int k = 0; k < np; k++) {
     double ms = phase[k * reps + reps / 2], pb = (double)g->plan->phases[k].bytes_per_element * (double)params;
-    printf("  phase %d: %.3f ms, %d bytes/element, %.0f GB/s (%.0f%% of copy)\n", k, ms,
+    printf("  phase %d: %.3f ms, %g bytes/element, %.0f GB/s (%.0f%% of copy)\n", k, ms,
            g->plan->phases[k].bytes_per_element, pb / (ms * 1e6), 100 * pb / (ms * 1e6) / copy_gbs);
   }
   if (json) {
@@ -226,7 +226,7 @@ int main(int argc, char **argv) {
     }
     fprintf(f,
             "{\"variant\": \"optc\", \"layout\": \"%s\", \"clip\": %s, \"params\": %lld, \"tensors\": %d, "
-            "\"bytes_per_element\": %d, \"ms\": %.6f, \"kernel_ms\": %.6f, \"copy_GBps\": %.3f, "
+            "\"bytes_per_element\": %g, \"ms\": %.6f, \"kernel_ms\": %.6f, \"copy_GBps\": %.3f, "
             "\"compile_ms\": %.3f, \"cache_hit_ms\": %.3f, \"grad_sumsq\": %.17g, \"threads\": %d, "
             "\"red_threads\": %d, \"red_lanes\": %d, \"min_blocks\": %d, \"phase_ms\": [",
             layout, clip ? "true" : "false", (long long)params, n, g->plan->bytes_per_element, wall_ms, kern_ms,

@@ -5,7 +5,9 @@
  *   2. clip_grad_norm: g <- g * min(1, max_norm / (sqrt(sum g^2) + 1e-6))
  *   3. the optimizer body, from recipes/optimizers/NAME.optir
  * The body is written in f32; the recipe's dtypes retype its buffers, with a
- * conversion after each load and before each store. */
+ * conversion after each load and before each store. A quantized state
+ * (optimizer_state_dtype int8 or int4) is read through its code book and
+ * block scale and written back quantized instead (quant_load, quant_store). */
 #include "frontend.h"
 #include "passes.h"
 
@@ -24,7 +26,15 @@ static const Component components[] = {
     {"torch.optim.AdamW", "adamw"},     {"torch.optim.Adam", "adam"},
     {"torch.optim.SGD", "sgd"},         {"torch.optim.Adagrad", "adagrad"},
     {"torch.optim.RMSprop", "rmsprop"}, {"optc.Lion", "lion"}, {"optc.grad_norm", "grad_norm"},
+    {"torchao.optim.AdamW8bit", "adamw_lowbit"}, {"torchao.optim.AdamW4bit", "adamw_lowbit"},
+    {"optc.torch.AdamW8bit", "adamw_lowbit"},    {"optc.torch.AdamW4bit", "adamw_lowbit"},
 };
+
+/* The bodies whose states may be quantized, and what their components
+ * quantize by default: torchao's AdamW8bit 8 bits in blocks of 256, its
+ * AdamW4bit 4 bits in blocks of 128. */
+static bool is_lowbit(const char *body) { return strcmp(body, "adamw_lowbit") == 0; }
+static int lowbit_default_bits(const char *component) { return ends_with(component, "4bit") ? 4 : 8; }
 
 /* Keys torch accepts that choose an implementation, not the math. optc
  * always runs its own fused kernel, so they are checked and set aside. */
@@ -115,7 +125,7 @@ static const KeySpec top_keys[] = {
     /* optc */
     {"optimizer_state_dtype", K_STR}, {"master_weights", K_BOOL}, {"stochastic_rounding", K_BOOL},
     {"nonfinite_grads", K_STR}, {"max_steps", K_INT_OR_NULL}, {"write_back_grads", K_BOOL},
-    {"torch_cpu", K_STR}, {"clip_norm_given", K_BOOL}, {"fsdp_overlap", K_ANY},
+    {"torch_cpu", K_STR}, {"clip_norm_given", K_BOOL}, {"fsdp_overlap", K_ANY}, {"compensation", K_STR},
     /* torchtune's, accepted but not used by optc: where the work runs, how it
      * is split across devices, what is logged or profiled, and validation,
      * none of which changes the trained weights */
@@ -383,6 +393,27 @@ static bool parse_optimizer(Recipe *r, YamlNode *n) {
         return false;
       continue;
     }
+    if (is_lowbit(body) && strcmp(key, "block_size") == 0) {
+      /* torchao's block_size: a power of two that divides OPTC_REDUCE_BLOCK */
+      long bs;
+      if (!yaml_int_in(v, what, 16, 4096, &bs))
+        return false;
+      if (bs & (bs - 1)) {
+        error_at(v->pos, "%s: %ld is not a power of two; optc's blocks are 16, 32, ... 4096 elements", what, bs);
+        return false;
+      }
+      r->block_size = (int)bs;
+      continue;
+    }
+    if (is_lowbit(body) && strcmp(key, "bf16_stochastic_round") == 0) {
+      /* torchao rounds bf16 params stochastically with torch's RNG; optc
+       * with its own stream, keyed on the recipe's seed */
+      bool on;
+      if (!yaml_bool(v, what, &on))
+        return false;
+      r->stochastic_rounding |= on && r->param_dtype == TY_BF16;
+      continue;
+    }
     Ref in = graph_find_input(g, key);
     if (strcmp(key, "betas") == 0 && graph_find_input(g, "beta1") != NOREF) {
       if (v->kind != YAML_SEQ || v->n != 2) {
@@ -423,10 +454,26 @@ static bool parse_optimizer(Recipe *r, YamlNode *n) {
       if (has_betas && x->op == OP_INPUT && !strcmp(x->name, "beta1"))
         buf_puts(&list, "betas, ");
     }
+    if (is_lowbit(body))
+      buf_puts(&list, "block_size, bf16_stochastic_round, ");
     for (size_t k = 0; k < ARRAY_LEN(impl_keys); k++)
       buf_printf(&list, "%s%s", impl_keys[k], k + 1 < ARRAY_LEN(impl_keys) ? ", " : "");
     error_at(n->key_pos[i], "unknown key '%s' for %s; expected one of: %s", what, r->component, list.data);
     buf_free(&list);
+    return false;
+  }
+  /* quantized states: torchao's AdamW8bit and AdamW4bit quantize unless
+   * the recipe gives a float optimizer_state_dtype (torchao's plain states,
+   * of a tensor it does not quantize); no other body quantizes */
+  const YamlNode *sd = yaml_get(r->root, "optimizer_state_dtype");
+  if (is_lowbit(body)) {
+    if (!sd)
+      r->state_bits = lowbit_default_bits(r->component);
+    if (!r->block_size)
+      r->block_size = (r->state_bits ? r->state_bits : lowbit_default_bits(r->component)) == 4 ? 128 : 256;
+  } else if (r->state_bits) {
+    error_at(sd->pos, "optimizer_state_dtype: int%d states are torchao's AdamW8bit and AdamW4bit (their arithmetic, "
+             "their code books); set optimizer._component_: torchao.optim.AdamW%dbit", r->state_bits, r->state_bits);
     return false;
   }
   /* torch.optim.SGD: "Nesterov momentum requires a momentum and zero dampening". */
@@ -607,8 +654,14 @@ Recipe *recipe_from_text(const char *name, const char *text, const char *const *
     return NULL;
   r->grad_dtype = r->param_dtype;
   r->state_dtype = r->param_dtype;
-  if ((v = yaml_get(root, "optimizer_state_dtype")) && !parse_dtype(v, "optimizer_state_dtype", &r->state_dtype))
-    return NULL;
+  if ((v = yaml_get(root, "optimizer_state_dtype"))) {
+    if (v->kind == YAML_SCALAR && (strcmp(v->str, "int8") == 0 || strcmp(v->str, "int4") == 0))
+      r->state_bits = v->str[3] - '0';
+    else if (!parse_dtype(v, "optimizer_state_dtype", &r->state_dtype)) {
+      note_at(v->pos, "or int8, int4: block-quantized states (torchao.optim.AdamW8bit, AdamW4bit)");
+      return NULL;
+    }
+  }
   if ((v = yaml_get(root, "master_weights")))
     yaml_bool(v, "master_weights", &r->master_weights);
   if ((v = yaml_get(root, "stochastic_rounding")))
@@ -661,6 +714,23 @@ Recipe *recipe_from_text(const char *name, const char *text, const char *const *
   }
   if ((v = yaml_get(root, "clip_norm_given")))
     yaml_bool(v, "clip_norm_given", &r->clip_norm_given);
+  if ((v = yaml_get(root, "compensation"))) {
+    if (strcmp(v->str, "kahan") == 0)
+      r->kahan = true;
+    else if (strcmp(v->str, "none") != 0) {
+      error_at(v->pos, "compensation: expected kahan or none, found '%s'", v->str);
+      return NULL;
+    }
+    if (r->kahan && r->param_dtype != TY_BF16 && r->param_dtype != TY_F16) {
+      error_at(v->pos, "compensation: kahan keeps a 16-bit param's rounding error; dtype is %s",
+               type_names[r->param_dtype]);
+      return NULL;
+    }
+    if (r->kahan && r->master_weights) {
+      error_at(v->pos, "compensation: kahan and master_weights both keep the bits a 16-bit param loses; choose one");
+      return NULL;
+    }
+  }
   YamlNode *opt = yaml_get(root, "optimizer");
   if (!opt) {
     error_at(root->pos, "the recipe has no 'optimizer' section");
@@ -668,6 +738,11 @@ Recipe *recipe_from_text(const char *name, const char *text, const char *const *
   }
   if (!parse_optimizer(r, opt))
     return NULL;
+  if (r->kahan && r->stochastic_rounding) {
+    error_at(yaml_get(root, "compensation")->pos,
+             "compensation: kahan and stochastic rounding both keep small updates; choose one");
+    return NULL;
+  }
   r->measure_only = strcmp(r->optimizer_name, "grad_norm") == 0;
   return r;
 }
@@ -678,6 +753,7 @@ typedef struct {
   Recipe *r;
   Graph *g;
   int param, grad, master; /* buffer indices; master is -1 without master weights */
+  int kahan;               /* compensation: kahan's state, or -1 */
   Ref seed, step_i;        /* for stochastic rounding, made on first use */
   Ref step;                /* the body's %step */
 } Builder;
@@ -883,29 +959,84 @@ Graph *optir_specialize(const Graph *src, const Binding *b, int n, Arena *a) {
 }
 
 /* Stage 3: the body, copied in with its buffers retyped. */
+/* A quantized state's read, as torchao's dequant_with_qmap: the code
+ * book's value of each code times its block's scale. */
+static Ref quant_load(Builder *b, int codes, int scale, Book book) {
+  Graph *g = b->g;
+  const char *name = g->bufs[codes].name;
+  Ref c = named(b, ir_load(g, codes), unique_name(g, arena_printf(g->arena, "%s_codes", name)), NULL);
+  Ref s = named(b, ir_load(g, scale), unique_name(g, arena_printf(g->arena, "%s_scale_in", name)), NULL);
+  Ref q = named(b, ir_lookup(g, book, c), unique_name(g, arena_printf(g->arena, "%s_q", name)), NULL);
+  return ir_op2(g, OP_MUL, q, s);
+}
+
+/* A quantized state's write, as torchao's scale_tensor and
+ * quantize_{8,4}bit_with_qmap: each block's scale is its absmax clamped to
+ * at least 1e-12 (f32), and each element the code of its value over the
+ * scale (a true f32 divide). */
+static void quant_store(Builder *b, int codes, int scale, Book book, Ref v) {
+  Graph *g = b->g;
+  const char *name = g->bufs[codes].name;
+  Ref amax = named(b, ir_reduce(g, RED_ABSMAX, SCOPE_BLOCK, v), unique_name(g, arena_printf(g->arena, "%s_absmax", name)),
+                   NULL);
+  Ref least = graph_find_value(g, "scale_min");
+  if (least == NOREF)
+    least = named(b, ir_const(g, TY_F32, 1e-12), "scale_min", NULL);
+  Ref sc = named(b, ir_op2(g, OP_MAX, ir_cvt(g, amax, TY_F32), least),
+                 unique_name(g, arena_printf(g->arena, "%s_scale", name)), NULL);
+  Ref y = named(b, ir_op2(g, OP_DIV, v, sc), unique_name(g, arena_printf(g->arena, "%s_unit", name)), NULL);
+  Ref c = named(b, ir_search(g, book, y), unique_name(g, arena_printf(g->arena, "%s_code", name)), NULL);
+  ir_store(g, codes, c);
+  ir_store(g, scale, sc);
+}
+
+/* The code book of a quantized state, as torchao picks it: signed for the
+ * first moment, unsigned for a state that is never negative. */
+static Book state_book(int bits, bool nonneg) {
+  return bits == 8 ? (nonneg ? BOOK_DYN8U : BOOK_DYN8S) : (nonneg ? BOOK_LIN4U : BOOK_DYN4S);
+}
+
 static bool copy_body(Builder *b, const Graph *body, Ref grad) {
   Recipe *r = b->r;
   Graph *g = b->g;
   int *bufmap = arena_alloc(g->arena, sizeof(int) * (size_t)(body->nbufs + 1));
+  int *scalemap = arena_alloc(g->arena, sizeof(int) * (size_t)(body->nbufs + 1)); /* a quantized state's scales, or -1 */
   for (int i = 0; i < body->nbufs; i++) {
     const Buffer *bb = &body->bufs[i];
+    scalemap[i] = -1;
     if (bb->kind == BUF_PARAM) {
       bufmap[i] = b->param;
     } else if (bb->kind == BUF_GRAD) {
       bufmap[i] = b->grad;
     } else {
-      if (graph_find_buffer(g, bb->name) >= 0) {
+      bool quant = r->state_bits && bb->type == TY_F32;
+      const char *sname = arena_printf(g->arena, "%s.scale", bb->name);
+      if (graph_find_buffer(g, bb->name) >= 0 || (quant && graph_find_buffer(g, sname) >= 0)) {
         error_at(bb->pos, "state '@%s' clashes with a buffer the recipe adds", bb->name);
         return false;
       }
+      if (quant && (bb->init != INIT_CONST || bb->init_value != 0)) {
+        error_at(bb->pos, "state '@%s' starts at a value other than zero, which optc does not quantize", bb->name);
+        return false;
+      }
       Type t = bb->type == TY_F32 ? r->state_dtype : (Type)bb->type;
+      if (quant)
+        t = r->state_bits == 8 ? TY_U8 : TY_U4;
       int k = graph_add_buffer(g, bb->name, BUF_STATE, t);
       Buffer *nb = &g->bufs[k];
       nb->init = bb->init;
       nb->init_value = bb->init_value;
       nb->init_input = bb->init_input ? arena_strdup(g->arena, bb->init_input) : NULL;
+      nb->nonneg = bb->nonneg;
       nb->pos = bb->pos;
       bufmap[i] = k;
+      if (quant) {
+        /* codes 0 and scales 0: torchao's zeros (each code's value times 0) */
+        g->block = r->block_size;
+        scalemap[i] = graph_add_buffer(g, sname, BUF_STATE, TY_F32);
+        g->bufs[scalemap[i]].per_block = true;
+        g->bufs[scalemap[i]].pos = bb->pos;
+      }
     }
   }
   Ref *map = arena_alloc(g->arena, sizeof(Ref) * (size_t)(body->nins + 1));
@@ -928,8 +1059,19 @@ static bool copy_body(Builder *b, const Graph *body, Ref grad) {
         map[i] = grad;
         continue;
       }
+      if (scalemap[x->buf] >= 0) {
+        out = quant_load(b, bufmap[x->buf], scalemap[x->buf], state_book(r->state_bits, bb->nonneg));
+        break;
+      }
       int nb = bb->kind == BUF_PARAM && b->master >= 0 ? b->master : bufmap[x->buf];
       out = ir_load(g, nb);
+      if (bb->kind == BUF_PARAM && b->kahan >= 0) {
+        /* the param as compensated: its value plus the rounding error it lost */
+        ir_name(g, out, unique_name(g, "param_in"));
+        Ref comp = named(b, ir_load(g, b->kahan), unique_name(g, "kahan_comp_in"), NULL);
+        out = ir_op2(g, OP_ADD, ir_cvt(g, out, TY_F32), ir_cvt(g, comp, TY_F32));
+        break;
+      }
       if (g->bufs[nb].type != bb->type) {
         ir_name(g, out, unique_name(g, arena_printf(g->arena, "%s_in", g->bufs[nb].name)));
         out = ir_cvt(g, out, (Type)bb->type);
@@ -939,7 +1081,18 @@ static bool copy_body(Builder *b, const Graph *body, Ref grad) {
     case OP_STORE: {
       const Buffer *bb = &body->bufs[x->buf];
       Ref v = args[0];
-      if (bb->kind == BUF_PARAM && b->master >= 0) {
+      if (scalemap[x->buf] >= 0) {
+        quant_store(b, bufmap[x->buf], scalemap[x->buf], state_book(r->state_bits, bb->nonneg), v);
+      } else if (bb->kind == BUF_PARAM && b->kahan >= 0) {
+        /* p = bf16(v), and the error of that rounding kept for the next
+         * step (exact in f32: v less its rounding), rounded to the param's
+         * dtype itself */
+        Type pt = g->bufs[b->param].type;
+        Ref pr = named(b, ir_cvt(g, v, pt), unique_name(g, "param_rounded"), NULL);
+        ir_store(g, b->param, pr);
+        Ref err = named(b, ir_op2(g, OP_SUB, v, ir_cvt(g, pr, TY_F32)), unique_name(g, "kahan_err"), NULL);
+        ir_store(g, b->kahan, ir_cvt(g, err, pt));
+      } else if (bb->kind == BUF_PARAM && b->master >= 0) {
         ir_store(g, b->master, v);
         v = round_for(b, v, g->bufs[b->param].type, r->stochastic_rounding);
         ir_store(g, b->param, v);
@@ -954,6 +1107,12 @@ static bool copy_body(Builder *b, const Graph *body, Ref grad) {
     }
     case OP_HOLD: {
       const Buffer *bb = &body->bufs[x->buf];
+      if ((bb->kind == BUF_PARAM && b->kahan >= 0) || scalemap[x->buf] >= 0) {
+        /* a compensated param is held in f32 (its error is kept apart),
+         * and a quantized state in f32 until it is stored */
+        map[i] = args[0];
+        continue;
+      }
       out = ir_emit(g, OP_HOLD, (Type)x->type, 1, args);
       g->ins[out].buf = bb->kind == BUF_PARAM && b->master >= 0 ? b->master : bufmap[x->buf];
       break;
@@ -1015,13 +1174,15 @@ static void bind_torch_cpu(Recipe *r) {
 Graph *frontend_build(Recipe *r) {
   Graph *g = graph_new(r->arena);
   g->src = &r->src;
-  Builder b = {.r = r, .g = g, .master = -1, .seed = NOREF, .step_i = NOREF, .step = NOREF};
+  Builder b = {.r = r, .g = g, .master = -1, .kahan = -1, .seed = NOREF, .step_i = NOREF, .step = NOREF};
   b.param = graph_add_buffer(g, "param", BUF_PARAM, r->param_dtype);
   b.grad = graph_add_buffer(g, "grad", BUF_GRAD, r->grad_dtype);
   if (r->master_weights && r->param_dtype != TY_F32) {
     b.master = graph_add_buffer(g, "master", BUF_STATE, TY_F32);
     g->bufs[b.master].init = INIT_PARAM;
   }
+  if (r->kahan)
+    b.kahan = graph_add_buffer(g, "kahan_comp", BUF_STATE, r->param_dtype); /* optimi's name */
   Ref grad = build_prelude(&b);
   /* torch leaves the scaled (and clipped) grads in p.grad. The graph says
    * so; the drop-grad-writeback pass removes the store unless the recipe

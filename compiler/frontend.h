@@ -49,7 +49,13 @@ typedef struct {
   int nbindings, capbindings;
   /* precision: buffer element types */
   Type param_dtype, grad_dtype, state_dtype;
+  /* optimizer_state_dtype int8 or int4: the states quantized block-wise
+   * (codes of this many bits, an f32 scale per block_size elements;
+   * state_dtype is then unused); 0: plain states of state_dtype */
+  int state_bits;
+  int block_size;
   bool master_weights, stochastic_rounding;
+  bool kahan; /* compensation: kahan: a 16-bit param's rounding error kept in a state of its dtype */
   /* the step around the optimizer */
   bool has_clip;
   double clip_grad_norm;

@@ -13,7 +13,17 @@
  *   sweeps the elements once per stage, recomputing what it needs from the
  *   loads, and stores only in the last sweep. Loads therefore always see the
  *   buffers as they were before the step.
+ * - A reduction to block scope is a max over the elements of one block
+ *   (exact in any order; with a NaN among them, the default NaN), known
+ *   before anything that reads it. Within a
+ *   sweep the interpreter takes each block of a chunk in block stages (as
+ *   the plan does): pass b computes what needs b block reductions, and the
+ *   last pass recomputes every value and stores.
+ * - Codes: `lookup` is the code book's entry, `search` numerics_quant.h's
+ *   optc_code_search, torchao's algorithm itself (the backends search the
+ *   thresholds instead, which give the same codes).
  */
+#include "numerics_quant.h"
 #include "plan.h"
 
 #include <math.h>
@@ -29,7 +39,10 @@ typedef struct {
   int *stage;     /* (nins) */
   V *step;        /* (nins) step-scope values */
   V *tensor;      /* (ntensors * nins) tensor-scope values */
+  V *blockv;      /* (nins) block-scope values of the block being evaluated */
   V *elem;        /* (nins) the element being evaluated */
+  int *bstage;    /* (nins) block stages: the block reductions on a value's longest path */
+  int max_bstage;
   double *part;   /* (nchunks) partials of the reduction being accumulated */
   const Reducer *reducer;
   int max_stage;
@@ -185,13 +198,21 @@ static const void *tensor_base(const Interp *in, int buf, int tensor) {
   return in->tbufs[(size_t)tensor * (size_t)in->g->nbufs + (size_t)buf];
 }
 
+/* The index of element w in buffer b: its block's for a per-block buffer. */
+static int64_t mem_index(const Interp *in, int b, Where w) {
+  return in->g->bufs[b].per_block ? w.index / in->g->block : w.index;
+}
+
 static V load(const Interp *in, const Ins *x, Where w) {
   const void *p = tensor_base(in, x->buf, w.tensor);
+  int64_t i = mem_index(in, x->buf, w);
   V v = {0};
   switch ((Type)x->type) {
-  case TY_F64: v.d = ((const double *)p)[w.index]; break;
-  case TY_F32: v.f = ((const float *)p)[w.index]; break;
-  case TY_BF16: case TY_F16: v.h = ((const uint16_t *)p)[w.index]; break;
+  case TY_F64: v.d = ((const double *)p)[i]; break;
+  case TY_F32: v.f = ((const float *)p)[i]; break;
+  case TY_BF16: case TY_F16: v.h = ((const uint16_t *)p)[i]; break;
+  case TY_U8: v.i = ((const uint8_t *)p)[i]; break;
+  case TY_U4: v.i = (((const uint8_t *)p)[i / 2] >> (i % 2 ? 0 : 4)) & 15; break;
   default: unreachable();
   }
   return v;
@@ -199,10 +220,18 @@ static V load(const Interp *in, const Ins *x, Where w) {
 
 static void store(const Interp *in, const Ins *x, V v, Where w) {
   void *p = (void *)tensor_base(in, x->buf, w.tensor);
+  int64_t i = mem_index(in, x->buf, w);
   switch ((Type)in->g->bufs[x->buf].type) {
-  case TY_F64: ((double *)p)[w.index] = v.d; break;
-  case TY_F32: ((float *)p)[w.index] = v.f; break;
-  case TY_BF16: case TY_F16: ((uint16_t *)p)[w.index] = v.h; break;
+  case TY_F64: ((double *)p)[i] = v.d; break;
+  case TY_F32: ((float *)p)[i] = v.f; break;
+  case TY_BF16: case TY_F16: ((uint16_t *)p)[i] = v.h; break;
+  case TY_U8: ((uint8_t *)p)[i] = (uint8_t)v.i; break;
+  case TY_U4: {
+    /* element 2k in the high nibble of byte k; the other nibble kept */
+    uint8_t *q = (uint8_t *)p + i / 2;
+    *q = (uint8_t)(i % 2 ? (*q & 0xf0) | (v.i & 15) : (*q & 0x0f) | (v.i & 15) << 4);
+    break;
+  }
   default: unreachable();
   }
 }
@@ -216,14 +245,27 @@ static V operand(const Interp *in, Ref r, int tensor) {
   switch ((Scope)in->g->ins[r].scope) {
   case SCOPE_STEP: return in->step[r];
   case SCOPE_TENSOR: return *tensor_val(in, tensor, r);
+  case SCOPE_BLOCK: return in->blockv[r];
   default: return in->elem[r];
   }
 }
 
-/* Computes op on operand values a of types at, giving type t. */
-static V eval_op(Op op, Type t, const V *a, const Type *at, Where w) {
+/* Computes op on operand values a of types at, giving type t; book is a
+ * lookup's or search's code book. */
+static V eval_op(Op op, Type t, const V *a, const Type *at, Where w, Book book) {
   V v = {0};
   switch (op_info[op].type_rule) {
+  case TR_LOOKUP: {
+    const CodeBook *cb = codebook(book);
+    ASSERT(a[0].i >= 0 && a[0].i < cb->n);
+    v.f = cb->q[a[0].i];
+    return v;
+  }
+  case TR_SEARCH: {
+    const CodeBook *cb = codebook(book);
+    v.i = optc_code_search(cb->q, cb->n, a[0].f);
+    return v;
+  }
   case TR_ARITH:
     if (t == TY_F64)
       v.d = arith_d(op, a[0].d, a[1].d, a[2].d);
@@ -266,7 +308,7 @@ static V eval(const Interp *in, Ref i, Where w) {
     a[k] = operand(in, x->args[k], w.tensor);
     at[k] = (Type)in->g->ins[x->args[k]].type;
   }
-  return eval_op((Op)x->op, (Type)x->type, a, at, w);
+  return eval_op((Op)x->op, (Type)x->type, a, at, w, (Book)x->book);
 }
 
 Scalar interp_apply(const Graph *g, Ref i, const Scalar *args, int tensor, int64_t index, int64_t numel) {
@@ -274,7 +316,8 @@ Scalar interp_apply(const Graph *g, Ref i, const Scalar *args, int tensor, int64
   Type at[3] = {TY_VOID, TY_VOID, TY_VOID};
   for (int k = 0; k < op_info[x->op].nargs; k++)
     at[k] = (Type)g->ins[x->args[k]].type;
-  return eval_op((Op)x->op, (Type)x->type, args, at, (Where){.tensor = tensor, .index = index, .numel = numel});
+  return eval_op((Op)x->op, (Type)x->type, args, at, (Where){.tensor = tensor, .index = index, .numel = numel},
+                 (Book)x->book);
 }
 
 /* An integer input given a double outside int64's range (or NaN) saturates:
@@ -290,17 +333,24 @@ double interp_scalar_to_double(Scalar v, Type t) { return type_is_float(t) ? as_
 
 /* ---- staging ------------------------------------------------------------------ */
 
+static bool is_block_reduce(const Ins *x) { return x->op == OP_REDUCE && x->to == SCOPE_BLOCK; }
+
 static void compute_stages(Interp *in) {
   const Graph *g = in->g;
-  in->max_stage = 0;
+  in->max_stage = in->max_bstage = 0;
   for (int i = 0; i < g->nins; i++) {
     const Ins *x = &g->ins[i];
-    int s = 0;
-    for (int k = 0; k < op_info[x->op].nargs; k++)
+    int s = 0, b = 0;
+    for (int k = 0; k < op_info[x->op].nargs; k++) {
       s = MAX(s, in->stage[x->args[k]]);
-    in->stage[i] = x->op == OP_REDUCE ? s + 1 : s;
-    if (x->op == OP_STORE || x->op == OP_REDUCE)
-      in->max_stage = MAX(in->max_stage, x->op == OP_REDUCE ? s : in->stage[i]);
+      b = MAX(b, in->bstage[x->args[k]]);
+    }
+    bool phase_reduce = x->op == OP_REDUCE && !is_block_reduce(x);
+    in->stage[i] = phase_reduce ? s + 1 : s;
+    in->bstage[i] = is_block_reduce(x) ? b + 1 : phase_reduce ? 0 : b;
+    in->max_bstage = MAX(in->max_bstage, in->bstage[i]);
+    if (x->op == OP_STORE || phase_reduce)
+      in->max_stage = MAX(in->max_stage, phase_reduce ? s : in->stage[i]);
   }
 }
 
@@ -351,6 +401,86 @@ static double red_combine(RedKind k, double acc, double x) {
 
 static double red_init(RedKind k) { return k == RED_SUM || k == RED_SUMSQ ? 0.0 : -INFINITY; }
 
+/* Element e of a chunk (at w): its values of stage <= s and block stage
+ * <= bs, and its stores when `store`. */
+static void eval_element(Interp *in, int s, int bs, Where w, bool store_now) {
+  const Graph *g = in->g;
+  for (int i = 0; i < g->nins; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->scope != SCOPE_ELEM || in->stage[i] > s || in->bstage[i] > bs)
+      continue;
+    if (x->op == OP_LOAD)
+      in->elem[i] = load(in, x, w);
+    else if (x->op == OP_STORE) {
+      if (store_now)
+        store(in, x, operand(in, x->args[0], w.tensor), w);
+    } else
+      in->elem[i] = eval(in, i, w);
+  }
+}
+
+/* Adds element e's term of reduction r to its lane. */
+static void accumulate(Interp *in, Ref r, Where w, double *lanes, int64_t e) {
+  const Graph *g = in->g;
+  RedKind rk = (RedKind)g->ins[r].red;
+  Ref a = g->ins[r].args[0];
+  double v = as_f64(operand(in, a, w.tensor), (Type)g->ins[a].type);
+  double *lane = &lanes[e % OPTC_REDUCE_LANES];
+  *lane = red_combine(rk, *lane, red_term(rk, v));
+}
+
+/* One block [b0, b1) of chunk ch in block stages (stage <= s): pass bs
+ * computes the block values of block stage bs, then the elements' values
+ * of block stage <= bs and the block reductions of them; the last pass
+ * stores and accumulates the chunk's reduction r. */
+static void sweep_block(Interp *in, int s, Ref r, bool final, const Chunk *ch, int64_t b0, int64_t b1,
+                        double *lanes) {
+  const Graph *g = in->g;
+  int64_t numel = in->l->numel[ch->tensor];
+  Where wb = {ch->tensor, ch->start + b0, ch->flat + b0, numel};
+  for (int bs = 0; bs <= in->max_bstage; bs++) {
+    for (int i = 0; i < g->nins; i++) {
+      const Ins *x = &g->ins[i];
+      if (x->scope != SCOPE_BLOCK || in->stage[i] > s || x->op == OP_STORE)
+        continue;
+      if (is_block_reduce(x) && in->bstage[i] == bs + 1) /* this pass accumulates it */
+        in->blockv[i].d = red_init((RedKind)x->red);
+      else if (is_block_reduce(x) || in->bstage[i] != bs)
+        continue;
+      else if (x->op == OP_LOAD)
+        in->blockv[i] = load(in, x, wb);
+      else
+        in->blockv[i] = eval(in, i, wb);
+    }
+    bool last = bs == in->max_bstage;
+    for (int64_t e = b0; e < b1; e++) {
+      Where w = {ch->tensor, ch->start + e, ch->flat + e, numel};
+      eval_element(in, s, bs, w, final && last);
+      for (int i = 0; i < g->nins; i++) {
+        const Ins *x = &g->ins[i];
+        if (is_block_reduce(x) && in->stage[i] <= s && in->bstage[i] == bs + 1) {
+          Ref a = x->args[0];
+          double v = as_f64(operand(in, a, w.tensor), (Type)g->ins[a].type);
+          in->blockv[i].d = red_combine((RedKind)x->red, in->blockv[i].d, red_term((RedKind)x->red, v));
+        }
+      }
+      if (last && r != NOREF)
+        accumulate(in, r, w, lanes, e);
+    }
+    /* a block's max with a NaN in it is the default NaN, whichever NaN it
+     * met first (as the backends, whose lanes meet them in other orders) */
+    for (int i = 0; i < g->nins; i++)
+      if (is_block_reduce(&g->ins[i]) && in->stage[i] <= s && in->bstage[i] == bs + 1 && isnan(in->blockv[i].d))
+        in->blockv[i].d = NAN;
+  }
+  if (final) /* the block's own stores (its scale), every load of the block done */
+    for (int i = 0; i < g->nins; i++) {
+      const Ins *x = &g->ins[i];
+      if (x->op == OP_STORE && x->scope == SCOPE_BLOCK && in->stage[i] <= s)
+        store(in, x, operand(in, x->args[0], ch->tensor), wb);
+    }
+}
+
 /* One sweep over every element, evaluating stage <= s; with `final`, the
  * stores happen. Accumulates reduction `r` (if not NOREF) per chunk. */
 static void sweep(Interp *in, int s, Ref r, bool final) {
@@ -362,25 +492,17 @@ static void sweep(Interp *in, int s, Ref r, bool final) {
     double lanes[OPTC_REDUCE_LANES];
     for (int k = 0; k < OPTC_REDUCE_LANES; k++)
       lanes[k] = red_init(rk);
-    for (int64_t e = 0; e < ch->len; e++) {
-      Where w = {ch->tensor, ch->start + e, ch->flat + e, l->numel[ch->tensor]};
-      for (int i = 0; i < g->nins; i++) {
-        const Ins *x = &g->ins[i];
-        if (x->scope != SCOPE_ELEM || in->stage[i] > s)
-          continue;
-        if (x->op == OP_LOAD)
-          in->elem[i] = load(in, x, w);
-        else if (x->op == OP_STORE) {
-          if (final)
-            store(in, x, operand(in, x->args[0], w.tensor), w);
-        } else
-          in->elem[i] = eval(in, i, w);
-      }
-      if (r != NOREF) {
-        Ref a = g->ins[r].args[0];
-        double v = as_f64(operand(in, a, w.tensor), (Type)g->ins[a].type);
-        double *lane = &lanes[e % OPTC_REDUCE_LANES];
-        *lane = red_combine(rk, *lane, red_term(rk, v));
+    if (g->block) {
+      /* blocks of the tensor: the chunk starts on one (layout.c) */
+      ASSERT(ch->start % g->block == 0);
+      for (int64_t b0 = 0; b0 < ch->len; b0 += g->block)
+        sweep_block(in, s, r, final, ch, b0, MIN(b0 + g->block, ch->len), lanes);
+    } else {
+      for (int64_t e = 0; e < ch->len; e++) {
+        Where w = {ch->tensor, ch->start + e, ch->flat + e, l->numel[ch->tensor]};
+        eval_element(in, s, 0, w, final);
+        if (r != NOREF)
+          accumulate(in, r, w, lanes, e);
       }
     }
     if (r != NOREF)
@@ -469,16 +591,23 @@ int interp_step_t(const Graph *g, const GroupLayout *l, void *const *tbufs, cons
       error("interpreter: option '%%%s' is unresolved; build the graph from a recipe", g->ins[i].name);
       return -1;
     }
+  if (g->block && l->align % g->block != 0) {
+    error("interpreter: the group's tensors start on multiples of %lld, not of the graph's block %d",
+          (long long)l->align, g->block);
+    return -1;
+  }
   Interp in = {.g = g, .l = l, .tbufs = tbufs, .inputs = args ? args->inputs : NULL,
                .reducer = args ? args->reducer : NULL};
   size_t n = (size_t)g->nins + 1;
   in.stage = calloc(n, sizeof(int));
+  in.bstage = calloc(n, sizeof(int));
   in.step = calloc(n, sizeof(V));
   in.elem = calloc(n, sizeof(V));
+  in.blockv = calloc(n, sizeof(V));
   int ntensors = in.reducer ? in.reducer->global->ntensors : l->ntensors;
   in.tensor = calloc(n * (size_t)(ntensors + 1), sizeof(V));
   in.part = calloc((size_t)l->nchunks + 1, sizeof(double));
-  ASSERT(in.stage && in.step && in.elem && in.tensor && in.part);
+  ASSERT(in.stage && in.bstage && in.step && in.elem && in.blockv && in.tensor && in.part);
   memset(res, 0, sizeof *res);
   compute_stages(&in);
 
@@ -493,7 +622,7 @@ int interp_step_t(const Graph *g, const GroupLayout *l, void *const *tbufs, cons
     /* Reductions over stage-s values, each in its own sweep: they become
      * stage s+1 values. */
     for (int r = 0; r < g->nins; r++) {
-      if (g->ins[r].op != OP_REDUCE || in.stage[r] != s + 1)
+      if (g->ins[r].op != OP_REDUCE || is_block_reduce(&g->ins[r]) || in.stage[r] != s + 1)
         continue;
       if (g->ins[g->ins[r].args[0]].scope == SCOPE_ELEM)
         sweep(&in, s, r, false);
@@ -510,8 +639,10 @@ int interp_step_t(const Graph *g, const GroupLayout *l, void *const *tbufs, cons
     sweep(&in, in.max_stage, NOREF, true);
   res->skipped = !ok;
   free(in.stage);
+  free(in.bstage);
   free(in.step);
   free(in.elem);
+  free(in.blockv);
   free(in.tensor);
   free(in.part);
   return 0;
@@ -541,7 +672,7 @@ bool interp_fold(const Graph *g, Ref i, double *out) {
     a[k] = imm_value(&g->ins[x->args[k]]);
     at[k] = (Type)g->ins[x->args[k]].type;
   }
-  V v = eval_op((Op)x->op, (Type)x->type, a, at, (Where){0});
+  V v = eval_op((Op)x->op, (Type)x->type, a, at, (Where){0}, (Book)x->book);
   *out = type_is_float((Type)x->type) ? as_f64(v, (Type)x->type) : (double)v.i;
   return true;
 }

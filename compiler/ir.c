@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-const char *const scope_names[NUM_SCOPES] = {"step", "tensor", "elem"};
+const char *const scope_names[NUM_SCOPES] = {"step", "tensor", "block", "elem"};
 const char *const red_names[NUM_REDS] = {"sum", "sumsq", "max", "absmax"};
 const char *const bufkind_names[NUM_BUFKINDS] = {"param", "grad", "state"};
 
@@ -42,6 +42,9 @@ static const char *dup_or_null(Arena *a, const char *s) { return s ? arena_strdu
 Graph *graph_clone(const Graph *g, Arena *a) {
   Graph *c = graph_new(a);
   c->nphases = g->nphases;
+  c->block = g->block;
+  c->block_lead = dup_or_null(a, g->block_lead);
+  c->block_trail = dup_or_null(a, g->block_trail);
   c->src = g->src;
   c->tail = dup_or_null(a, g->tail);
   arena_grow(a, (void **)&c->bufs, &c->capbufs, g->nbufs, sizeof(Buffer));
@@ -92,6 +95,32 @@ int graph_add_buffer(Graph *g, const char *name, BufKind kind, Type type) {
   Buffer *b = &g->bufs[g->nbufs];
   *b = (Buffer){.name = arena_strdup(g->arena, name), .kind = kind, .type = type};
   return g->nbufs++;
+}
+
+double buffer_elem_bytes(const Graph *g, int b) {
+  const Buffer *x = &g->bufs[b];
+  double e = type_bits((Type)x->type) / 8.0;
+  return x->per_block && g->block > 0 ? e / g->block : e;
+}
+
+int64_t buffer_bytes(const Graph *g, int b, int64_t n) {
+  const Buffer *x = &g->bufs[b];
+  if (x->per_block && g->block > 0)
+    n = (n + g->block - 1) / g->block;
+  return x->type == TY_U4 ? (n + 1) / 2 : n * type_size((Type)x->type);
+}
+
+int64_t buffer_offset(const Graph *g, int b, int64_t i) {
+  const Buffer *x = &g->bufs[b];
+  if (x->per_block && g->block > 0) {
+    ASSERT(i % g->block == 0);
+    i /= g->block;
+  }
+  if (x->type == TY_U4) {
+    ASSERT(i % 2 == 0);
+    return i / 2;
+  }
+  return i * type_size((Type)x->type);
 }
 
 int graph_count_uses(const Graph *g, Ref r) {
@@ -167,7 +196,7 @@ Ref ir_emit(Graph *g, Op op, Type type, int nargs, const Ref *args) {
     x->args[k] = args[k];
     s = MAX(s, (Scope)g->ins[args[k]].scope);
   }
-  x->scope = op_info[op].scope_rule == SR_ELEM ? SCOPE_ELEM : s;
+  x->scope = op_info[op].scope_rule == SR_ELEM || op_info[op].scope_rule == SR_MEM ? SCOPE_ELEM : s;
   return g->nins++;
 }
 
@@ -186,12 +215,14 @@ Ref ir_input(Graph *g, const char *name, Type t) {
 Ref ir_load(Graph *g, int buf) {
   Ref r = ir_emit(g, OP_LOAD, g->bufs[buf].type, 0, NULL);
   g->ins[r].buf = buf;
+  g->ins[r].scope = g->bufs[buf].per_block ? SCOPE_BLOCK : SCOPE_ELEM;
   return r;
 }
 
 void ir_store(Graph *g, int buf, Ref v) {
   Ref r = ir_emit(g, OP_STORE, TY_VOID, 1, &v);
   g->ins[r].buf = buf;
+  g->ins[r].scope = g->bufs[buf].per_block ? SCOPE_BLOCK : SCOPE_ELEM;
 }
 
 /* The result type an op gets from its operands, for the builder. */
@@ -226,6 +257,18 @@ Ref ir_reduce(Graph *g, RedKind k, Scope to, Ref a) {
   g->ins[r].red = k;
   g->ins[r].to = to;
   g->ins[r].scope = to;
+  return r;
+}
+
+Ref ir_lookup(Graph *g, Book b, Ref code) {
+  Ref r = ir_emit(g, OP_LOOKUP, TY_F32, 1, &code);
+  g->ins[r].book = (uint8_t)b;
+  return r;
+}
+
+Ref ir_search(Graph *g, Book b, Ref y) {
+  Ref r = ir_emit(g, OP_SEARCH, book_code_type(b), 1, &y);
+  g->ins[r].book = (uint8_t)b;
   return r;
 }
 
@@ -335,6 +378,7 @@ void ir_infer_scopes(Graph *g) {
     switch (op_info[x->op].scope_rule) {
     case SR_STEP: x->scope = SCOPE_STEP; break;
     case SR_ELEM: x->scope = SCOPE_ELEM; break;
+    case SR_MEM: x->scope = x->buf >= 0 && x->buf < g->nbufs && g->bufs[x->buf].per_block ? SCOPE_BLOCK : SCOPE_ELEM; break;
     case SR_REDUCE: x->scope = x->to; break;
     case SR_WIDEST: {
       Scope s = SCOPE_STEP;

@@ -7,8 +7,11 @@
 
 /* ---- scopes (ir.c); the element types are base.h's ------------------------- */
 /* Ordered from narrow to wide: a value at step scope is one number per step;
- * tensor scope, one per tensor; elem scope, one per element. */
-typedef enum { SCOPE_STEP, SCOPE_TENSOR, SCOPE_ELEM, NUM_SCOPES } Scope;
+ * tensor scope, one per tensor; block scope, one per block of the graph's
+ * block size (Graph.block: its elements kB .. kB + B - 1, the last block
+ * of a tensor shorter when B does not divide it); elem scope, one per
+ * element. */
+typedef enum { SCOPE_STEP, SCOPE_TENSOR, SCOPE_BLOCK, SCOPE_ELEM, NUM_SCOPES } Scope;
 
 extern const char *const scope_names[NUM_SCOPES];
 bool scope_from_name(const char *s, size_t n, Scope *out);
@@ -22,8 +25,8 @@ typedef enum {
 } Op;
 
 typedef enum { TR_LEAF, TR_LOAD, TR_STORE, TR_ARITH, TR_CMP, TR_TEST, TR_LOGIC, TR_SELECT,
-               TR_CVT, TR_CVTSR, TR_REDUCE, TR_HOLD, TR_TAILPOS } TypeRule;
-typedef enum { SR_STEP, SR_ELEM, SR_WIDEST, SR_REDUCE } ScopeRule;
+               TR_CVT, TR_CVTSR, TR_REDUCE, TR_HOLD, TR_TAILPOS, TR_LOOKUP, TR_SEARCH } TypeRule;
+typedef enum { SR_STEP, SR_ELEM, SR_WIDEST, SR_REDUCE, SR_MEM } ScopeRule;
 enum { F_COMMUTE = 1, F_FOLD = 2, F_SIDE = 4, F_TRANSC = 8 };
 
 typedef struct {
@@ -39,6 +42,38 @@ bool op_from_name(const char *s, size_t n, Op *out);
 typedef enum { RED_SUM, RED_SUMSQ, RED_MAX, RED_ABSMAX, NUM_REDS } RedKind;
 extern const char *const red_names[NUM_REDS];
 
+/* ---- code books (codebook.c) ------------------------------------------------
+ * The sorted tables a quantized state's codes index: `lookup BOOK %c` is
+ * BOOK's value of code c, `search BOOK %y` the code of y, as torchao's
+ * quantize_{8,4}bit_with_qmap finds it (numerics_quant.h, optc_code_search).
+ * torchao's and bitsandbytes' dynamic maps (create_dynamic_map: sign, a
+ * decimal exponent and a linear fraction) and linear maps, each the fp32
+ * values torch makes of them. */
+typedef enum {
+  BOOK_DYN8S, /* create_dynamic_map(signed=True): 8-bit exp_avg (torchao, bitsandbytes) */
+  BOOK_DYN8U, /* create_dynamic_map(signed=False): 8-bit second moments */
+  BOOK_DYN4S, /* create_dynamic_map(True, 3, 4): torchao's 4-bit exp_avg */
+  BOOK_LIN4U, /* torch.linspace(0, 1, 17)[1:]: torchao's 4-bit second moments (no zero) */
+  BOOK_LIN8S, /* torch.linspace(-1, 1, 256): bitsandbytes' signed linear map */
+  BOOK_LIN8U, /* torch.linspace(0, 1, 256): its unsigned one */
+  NUM_BOOKS
+} Book;
+
+typedef struct {
+  const char *name;    /* dyn8s, ... as the IR names it */
+  int n;               /* entries: 256 or 16, a power of two */
+  bool is_signed;      /* has negative entries */
+  const float *q;      /* (n) the values, ascending */
+  const float *t;      /* (n - 1) thresholds: the code of y is how many t[j] <= y
+                          (t[j] the least f32 that rounds up from code j): what
+                          the backends search, equal to optc_code_search on every y */
+} CodeBook;
+
+const CodeBook *codebook(Book b);
+bool book_from_name(const char *s, size_t n, Book *out);
+/* The code type that holds book b's codes: u8 for 256 entries, u4 for 16. */
+Type book_code_type(Book b);
+
 /* ---- graphs (ir.c) -------------------------------------------------------- */
 typedef int32_t Ref; /* index into Graph.ins */
 #define NOREF (-1)
@@ -53,6 +88,10 @@ typedef struct {
   const char *name; /* torch state_dict name for states: exp_avg, sum, ... */
   BufKind kind;
   Type type;
+  bool per_block;         /* one element per block of the graph's block size, not per element
+                             (a quantized state's scales): its loads and stores are block scope */
+  bool nonneg;            /* a state whose values are never negative (second moments): a
+                             quantized copy takes the unsigned code book */
   InitKind init;
   double init_value;      /* INIT_CONST */
   const char *init_input; /* INIT_INPUT: name of an input whose value is used */
@@ -75,6 +114,7 @@ typedef struct {
   uint8_t scope;  /* Scope, computed by ir_infer_scopes */
   uint8_t red;    /* REDUCE: RedKind */
   uint8_t to;     /* REDUCE: target Scope */
+  uint8_t book;   /* LOOKUP, SEARCH: Book */
   bool has_imm;   /* INPUT: a default is given; OPTION: a literal is given */
   int16_t seg;    /* -1, or after partition: 2k = step scalars before phase k,
                      2k+1 = the element loop of phase k */
@@ -103,6 +143,9 @@ typedef struct {
   Ins *ins;
   int nins, capins;
   int nphases;      /* 0 until partition */
+  int block;        /* the block of block scope, in elements: a power of two (0: none) */
+  const char *block_lead; /* comment and blank lines before the `block` line */
+  const char *block_trail; /* a comment after it */
   const char *tail; /* comment lines after the last line */
   const SrcFile *src;
 } Graph;
@@ -116,6 +159,15 @@ Ref graph_find_value(const Graph *g, const char *name); /* by SSA name */
 Ref graph_find_input(const Graph *g, const char *name); /* an INPUT or OPTION */
 int graph_add_buffer(Graph *g, const char *name, BufKind kind, Type type);
 int graph_count_uses(const Graph *g, Ref r);
+
+/* What a buffer holds for its tensors: bytes per element of the tensor
+ * (0.5 for u4; a per-block buffer's element over the block); the bytes
+ * for a tensor of n elements; and the byte offset of element i, which is a
+ * multiple of the block for a per-block buffer and even for u4 (a chunk's
+ * first element always is: layout.c). */
+double buffer_elem_bytes(const Graph *g, int b);
+int64_t buffer_bytes(const Graph *g, int b, int64_t n);
+int64_t buffer_offset(const Graph *g, int b, int64_t i);
 
 /* ---- ir.c: names to small integers ------------------------------------------
  * An open-addressing hash table in an arena, for lookups by name that must
@@ -157,6 +209,8 @@ Ref ir_op2(Graph *g, Op op, Ref a, Ref b);
 Ref ir_op3(Graph *g, Op op, Ref a, Ref b, Ref c);
 Ref ir_cvt(Graph *g, Ref a, Type to);
 Ref ir_reduce(Graph *g, RedKind k, Scope to, Ref a);
+Ref ir_lookup(Graph *g, Book b, Ref code); /* f32 */
+Ref ir_search(Graph *g, Book b, Ref y);    /* book_code_type(b) */
 Ref ir_name(Graph *g, Ref r, const char *name); /* returns r */
 
 /* Rewrites every use of `from` (at or after index `start`) to `to`. */

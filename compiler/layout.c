@@ -6,28 +6,39 @@
 
 static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
-int64_t layout_offsets(int n, const int64_t *numel, int64_t *offset) {
+int64_t graph_align(const Graph *g) { return MAX(OPTC_TENSOR_ALIGN, g->block); }
+
+int64_t layout_offsets_a(int n, const int64_t *numel, int64_t align, int64_t *offset) {
+  ASSERT(align >= OPTC_TENSOR_ALIGN && OPTC_REDUCE_BLOCK % align == 0);
   int64_t at = 0;
   for (int t = 0; t < n; t++) {
-    at = align_up(at, OPTC_TENSOR_ALIGN);
+    at = align_up(at, align);
     if (offset)
       offset[t] = at;
     at += MAX(numel[t], 0);
   }
-  /* padded, so that a whole vector at any tensor's end stays inside */
-  return align_up(at, OPTC_TENSOR_ALIGN);
+  /* padded, so that a whole vector at any tensor's end stays inside (and a
+   * per-block buffer has a whole number of elements) */
+  return align_up(at, align);
 }
 
-void layout_init(GroupLayout *l, int n, const int64_t *numel) {
+int64_t layout_offsets(int n, const int64_t *numel, int64_t *offset) {
+  return layout_offsets_a(n, numel, OPTC_TENSOR_ALIGN, offset);
+}
+
+void layout_init_a(GroupLayout *l, int n, const int64_t *numel, int64_t align) {
   memset(l, 0, sizeof *l);
   l->ntensors = n;
+  l->align = align;
   l->numel = malloc(sizeof(int64_t) * (size_t)(n + 1));
   l->offset = malloc(sizeof(int64_t) * (size_t)(n + 1));
   ASSERT(l->numel && l->offset);
   memcpy(l->numel, numel, sizeof(int64_t) * (size_t)n);
-  l->total = layout_offsets(n, numel, l->offset);
+  l->total = layout_offsets_a(n, numel, align, l->offset);
   layout_restrict(l, 0, l->total);
 }
+
+void layout_init(GroupLayout *l, int n, const int64_t *numel) { layout_init_a(l, n, numel, OPTC_TENSOR_ALIGN); }
 
 void layout_restrict(GroupLayout *l, int64_t lo, int64_t hi) {
   ASSERT(lo % OPTC_REDUCE_BLOCK == 0 && lo <= hi);
@@ -108,13 +119,14 @@ void layout_fold_tensors(const GroupLayout *l, const double *part, int width, in
 }
 
 void **layout_tensor_bufs(const GroupLayout *l, const Graph *g, void *const *flat) {
+  ASSERT(l->align % graph_align(g) == 0);
   size_t n = (size_t)l->ntensors * (size_t)g->nbufs;
   void **t = malloc(sizeof(void *) * (n + 1));
   ASSERT(t);
   for (int i = 0; i < l->ntensors; i++)
     for (int b = 0; b < g->nbufs; b++)
       t[(size_t)i * (size_t)g->nbufs + (size_t)b] =
-          flat && flat[b] ? (char *)flat[b] + l->offset[i] * type_size((Type)g->bufs[b].type) : NULL;
+          flat && flat[b] ? (char *)flat[b] + buffer_offset(g, b, l->offset[i]) : NULL;
   return t;
 }
 

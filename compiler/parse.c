@@ -197,6 +197,10 @@ static bool parse_literal(Parser *ps, Type t, double *out) {
   }
   if (!parse_number(ps, out))
     return false;
+  if (type_is_code(t) && (*out != floor(*out) || !(*out >= 0) || *out >= (t == TY_U4 ? 16 : 256))) {
+    perr(ps, off, "a %s code is an integer from 0 to %d", type_names[t], t == TY_U4 ? 15 : 255);
+    return false;
+  }
   if (type_is_int(t) && (*out != floor(*out) || !isfinite(*out))) {
     perr(ps, off, "%s literal must be an integer", type_names[t]);
     return false;
@@ -219,7 +223,7 @@ static bool parse_literal(Parser *ps, Type t, double *out) {
 
 static bool parse_type(Parser *ps, Type *out) {
   if (ps->tok.kind != T_IDENT || !type_from_name(ps->tok.s, ps->tok.n, out)) {
-    perr(ps, ps->tok.off, "expected a type (f64, f32, bf16, f16, i32, i64, bool), found %s",
+    perr(ps, ps->tok.off, "expected a type (f64, f32, bf16, f16, i32, i64, bool, u8, u4), found %s",
          tok_desc(ps));
     return false;
   }
@@ -227,7 +231,8 @@ static bool parse_type(Parser *ps, Type *out) {
   return true;
 }
 
-/* buffer = ("param" | "grad" | "state") "@" name ":" type [ "=" init ] [ "writeback" ] ;
+/* buffer = ("param" | "grad" | "state") "@" name ":" type [ "per" "block" ] [ "=" init ]
+ *          [ "nonneg" ] [ "writeback" ] ;
  * init   = number | "param" | "%" input ; */
 static bool parse_buffer(Parser *ps, BufKind kind, const char *lead) {
   size_t off = ps->tok.off;
@@ -261,12 +266,31 @@ static bool parse_buffer(Parser *ps, BufKind kind, const char *lead) {
   size_t type_off = ps->tok.off;
   if (!parse_type(ps, &t))
     return false;
-  if (!type_is_float(t)) {
-    perr(ps, type_off, "buffer element type must be f64, f32, bf16 or f16, not %s", type_names[t]);
+  if (!type_is_float(t) && !type_is_code(t)) {
+    perr(ps, type_off, "buffer element type must be f64, f32, bf16, f16, u8 or u4, not %s", type_names[t]);
+    return false;
+  }
+  if (type_is_code(t) && kind != BUF_STATE) {
+    perr(ps, type_off, "only a state holds codes (%s); params and grads are floats", type_names[t]);
     return false;
   }
   int b = graph_add_buffer(g, name, kind, t);
   Buffer *buf = &g->bufs[b];
+  if (tok_is(ps, "per")) {
+    size_t per_off = ps->tok.off;
+    next(ps);
+    if (!expect(ps, "block"))
+      return false;
+    if (kind != BUF_STATE) {
+      perr(ps, per_off, "only a state is kept per block (a quantized state's scales)");
+      return false;
+    }
+    if (!ps->g->block) {
+      perr(ps, per_off, "'per block' needs the graph's block size: a line 'block N' before the buffers");
+      return false;
+    }
+    buf->per_block = true;
+  }
   namemap_add(&ps->bufs, buf->name, strlen(buf->name), b);
   if (kind != BUF_STATE)
     ps->kind_buf[kind] = b;
@@ -294,6 +318,14 @@ static bool parse_buffer(Parser *ps, BufKind kind, const char *lead) {
     perr(ps, ps->tok.off, "state buffer '@%s' needs an initial value ('= 0.0', '= param' or '= %%input')",
          name);
     return false;
+  }
+  if (tok_is(ps, "nonneg")) {
+    if (kind != BUF_STATE) {
+      perr(ps, ps->tok.off, "only a state is declared 'nonneg' (its values are never negative)");
+      return false;
+    }
+    buf->nonneg = true;
+    next(ps);
   }
   if (tok_is(ps, "writeback")) {
     if (kind != BUF_GRAD) {
@@ -475,11 +507,33 @@ static bool parse_insn(Parser *ps, const char *lead) {
       return false;
     Scope s;
     if (ps->tok.kind != T_IDENT || !scope_from_name(ps->tok.s, ps->tok.n, &s) || s == SCOPE_ELEM) {
-      perr(ps, ps->tok.off, "expected 'tensor' or 'step' after 'to', found %s", tok_desc(ps));
+      perr(ps, ps->tok.off, "expected 'block', 'tensor' or 'step' after 'to', found %s", tok_desc(ps));
+      return false;
+    }
+    if (s == SCOPE_BLOCK && !g->block) {
+      perr(ps, ps->tok.off, "a reduction to block needs the graph's block size: a line 'block N' before the buffers");
       return false;
     }
     x.to = (uint8_t)s;
     next(ps);
+    break;
+  }
+  case OP_LOOKUP:
+  case OP_SEARCH: {
+    /* lookup BOOK %code, search BOOK %y */
+    Book bk;
+    if (ps->tok.kind != T_IDENT || !book_from_name(ps->tok.s, ps->tok.n, &bk)) {
+      Buf list = {0};
+      for (int k = 0; k < NUM_BOOKS; k++)
+        buf_printf(&list, "%s%s", k ? ", " : "", codebook((Book)k)->name);
+      perr(ps, ps->tok.off, "expected a code book (%s), found %s", list.data, tok_desc(ps));
+      buf_free(&list);
+      return false;
+    }
+    x.book = (uint8_t)bk;
+    next(ps);
+    if (!parse_operand(ps, &x.args[0]))
+      return false;
     break;
   }
   default:
@@ -584,6 +638,33 @@ static bool parse_label(Parser *ps) {
   return expect(ps, ":");
 }
 
+/* block = "block" N ;  N a power of two from 16 to 4096 (OPTC_REDUCE_BLOCK) */
+static bool parse_block(Parser *ps, const char *lead) {
+  size_t off = ps->tok.off;
+  Graph *g = ps->g;
+  if (g->block) {
+    perr(ps, off, "the block size is given twice");
+    return false;
+  }
+  if (g->nbufs > 0 || g->nins > 0) {
+    perr(ps, off, "the block size comes before the buffers");
+    return false;
+  }
+  next(ps);
+  size_t num_off = ps->tok.off;
+  double v;
+  if (!parse_number(ps, &v))
+    return false;
+  int n = (int)v;
+  if (v != n || n < 16 || n > 4096 || (n & (n - 1))) {
+    perr(ps, num_off, "a block is a power of two from 16 to 4096 elements, not %g", v);
+    return false;
+  }
+  g->block = n;
+  g->block_lead = lead;
+  return true;
+}
+
 Graph *ir_parse(const SrcFile *src, Arena *a) {
   Parser ps = {.src = src, .p = src->text, .end = src->text + src->len, .seg = -1,
                .kind_buf = {-1, -1, -1}};
@@ -619,7 +700,10 @@ Graph *ir_parse(const SrcFile *src, Arena *a) {
     lead.len = 0;
     bool ok;
     const char **trail; /* where a comment after the item goes */
-    if (ps.tok.kind == T_IDENT && (tok_is(&ps, "param") || tok_is(&ps, "grad") || tok_is(&ps, "state"))) {
+    if (ps.tok.kind == T_IDENT && tok_is(&ps, "block")) {
+      ok = parse_block(&ps, l);
+      trail = ok ? &ps.g->block_trail : NULL;
+    } else if (ps.tok.kind == T_IDENT && (tok_is(&ps, "param") || tok_is(&ps, "grad") || tok_is(&ps, "state"))) {
       ok = parse_buffer(&ps, tok_is(&ps, "param") ? BUF_PARAM : tok_is(&ps, "grad") ? BUF_GRAD : BUF_STATE, l);
       trail = ok ? &ps.g->bufs[ps.g->nbufs - 1].trail : NULL;
     } else if (ps.tok.kind == T_LABEL) {

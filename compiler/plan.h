@@ -9,7 +9,16 @@
  * The tensors of a group sit one after another in one flat buffer per graph
  * buffer, each starting on OPTC_TENSOR_ALIGN. A chunk is a run of elements
  * of one tensor inside one reduction block: executors run chunks, and a
- * reduction has one f64 partial per chunk, summed in chunk order. */
+ * reduction has one f64 partial per chunk, summed in chunk order.
+ *
+ * A graph with a block (block scope: a quantized state's scales) starts
+ * each tensor on a multiple of its block instead (graph_align). The block
+ * divides OPTC_REDUCE_BLOCK, so every chunk, and every shard's range (on
+ * the OPTC_REDUCE_BLOCK grid), then starts on a block of its tensor: a
+ * block never straddles two chunks, two threads or two ranks, and each
+ * chunk computes its blocks' reductions alone. A per-block buffer's flat
+ * form has one element per block of the flat index (flat / block), a u4
+ * one a byte per two flat elements. */
 typedef struct {
   int32_t tensor; /* the tensor's index in the group */
   int32_t block;  /* flat / OPTC_REDUCE_BLOCK */
@@ -21,6 +30,7 @@ typedef struct {
 
 typedef struct {
   int ntensors;
+  int64_t align;   /* where each tensor starts: a multiple of this (OPTC_TENSOR_ALIGN, or graph_align) */
   int64_t *numel;  /* (ntensors) */
   int64_t *offset; /* (ntensors) flat index of each tensor's element 0 */
   int64_t total;   /* flat length: the end of the last tensor, padded to
@@ -32,11 +42,18 @@ typedef struct {
 
 /* Where n tensors of numel elements start in the flat buffers (offset[t],
  * when offset is not NULL), one after another from OPTC_TENSOR_ALIGN
- * boundaries; returns the padded flat length. */
+ * boundaries (layout_offsets_a: from multiples of align, a multiple of
+ * OPTC_TENSOR_ALIGN that divides OPTC_REDUCE_BLOCK); returns the padded
+ * flat length. */
 int64_t layout_offsets(int n, const int64_t *numel, int64_t *offset);
-/* Lays out n tensors and cuts the chunks of the whole group. The caller
- * frees with layout_free. */
+int64_t layout_offsets_a(int n, const int64_t *numel, int64_t align, int64_t *offset);
+/* Where graph g's tensors start: OPTC_TENSOR_ALIGN, or its block. */
+int64_t graph_align(const Graph *g);
+/* Lays out n tensors and cuts the chunks of the whole group (layout_init_a:
+ * tensors from multiples of align; a graph's layout takes graph_align(g)).
+ * The caller frees with layout_free. */
 void layout_init(GroupLayout *l, int n, const int64_t *numel);
+void layout_init_a(GroupLayout *l, int n, const int64_t *numel, int64_t align);
 /* Recuts the chunks to those inside the flat range [lo, hi), e.g. a shard;
  * lo must be a multiple of OPTC_REDUCE_BLOCK. */
 void layout_restrict(GroupLayout *l, int64_t lo, int64_t hi);
@@ -138,10 +155,20 @@ double interp_scalar_to_double(Scalar v, Type t);
 
 /* ---- lower.c: the phase plan -------------------------------------------------
  * What a partitioned step graph asks of memory, phase by phase. Both
- * backends consume it unchanged. */
+ * backends consume it unchanged.
+ *
+ * A phase with reductions to block scope runs each block of a chunk in
+ * stages (its block stages, nbstages of them): stage s computes the values
+ * that need s block reductions on their longest path, over the block's
+ * elements, and ends with the block reductions of them; the block-scope
+ * values of stage s + 1 (a scale from its absmax) follow, once per block.
+ * A value of an earlier stage that a later one reads is kept per element
+ * of the block (the backends' scratch, a block of a few hundred elements:
+ * it stays in the L1 cache), so nothing is loaded or computed twice. */
 typedef struct {
   int buf;   /* index into Graph.bufs */
   Type type;
+  double bytes; /* per element of a tensor: buffer_elem_bytes */
 } PlanBuf;
 
 typedef struct {
@@ -150,17 +177,21 @@ typedef struct {
   Ref lo, hi;           /* ^phaseK: the element computation, in order */
   PlanBuf *reads, *writes;
   int nreads, nwrites;
-  Ref *reds; /* the reductions this phase accumulates */
+  Ref *reds; /* the reductions this phase accumulates (over tensors or the group: its partials) */
   int nreds;
-  int bytes_per_element; /* reads + writes, each buffer once */
-  int nops;              /* arithmetic per element (loads and stores excluded) */
+  Ref *breds; /* its reductions to block scope, computed inside it */
+  int nbreds;
+  int nbstages;             /* 1 + the most block reductions on a path through it */
+  double bytes_per_element; /* reads + writes, each buffer once (a fraction with codes and scales) */
+  int nops;                 /* arithmetic per element (loads and stores excluded) */
 } PlanPhase;
 
 typedef struct Plan {
   const Graph *g;
   PlanPhase *phases;
   int nphases;
-  int bytes_per_element;
+  double bytes_per_element;
+  uint8_t *bstage; /* (nins) each value's block stage in its phase (0 where the phase has none) */
 } Plan;
 
 /* The plan of a partitioned graph, in g's arena. NULL (error printed) when

@@ -1,7 +1,8 @@
 /* print.c: the textual form of a step graph.
  *
- *   file    = { buffer } { label | insn } ;
- *   buffer  = ("param" | "grad" | "state") "@" name ":" type [ "=" init ] [ "writeback" ] ;
+ *   file    = [ "block" N ] { buffer } { label | insn } ;
+ *   buffer  = ("param" | "grad" | "state") "@" name ":" type [ "per" "block" ] [ "=" init ]
+ *             [ "nonneg" ] [ "writeback" ] ;
  *   label   = "^step" N ":" | "^phase" N ":" ;            (after partition)
  *   insn    = [ "%" name "=" ] op operands [ ":" type ] ;
  *
@@ -16,7 +17,9 @@ void ir_format_imm(char out[40], Type t, double v) {
   switch (t) {
   case TY_BOOL: strcpy(out, v != 0 ? "true" : "false"); break;
   case TY_I32:
-  case TY_I64: snprintf(out, 40, "%lld", (long long)v); break;
+  case TY_I64:
+  case TY_U8:
+  case TY_U4: snprintf(out, 40, "%lld", (long long)v); break;
   case TY_F64: fmt_double(out, v, false); break;
   default: fmt_double(out, v, true); break;
   }
@@ -51,6 +54,8 @@ static void print_buffer(const Graph *g, const Buffer *b, Buf *out) {
   if (b->lead)
     buf_puts(out, b->lead);
   buf_printf(out, "%s @%s : %s", bufkind_names[b->kind], b->name, type_names[b->type]);
+  if (b->per_block)
+    buf_puts(out, " per block");
   if (b->kind == BUF_STATE) {
     char tmp[40];
     switch (b->init) {
@@ -60,6 +65,8 @@ static void print_buffer(const Graph *g, const Buffer *b, Buf *out) {
     }
   }
   (void)g;
+  if (b->nonneg)
+    buf_puts(out, " nonneg");
   if (b->writeback)
     buf_puts(out, " writeback");
   if (b->trail)
@@ -116,6 +123,8 @@ static void print_ins(const Graph *g, const char **names, Ref i, Buf *out) {
   case OP_REDUCE:
     buf_printf(out, " %s %%%s to %s", red_names[x->red], names[x->args[0]], scope_names[x->to]);
     break;
+  case OP_LOOKUP:
+  case OP_SEARCH: buf_printf(out, " %s %%%s", codebook((Book)x->book)->name, names[x->args[0]]); break;
   default:
     for (int k = 0; k < info->nargs; k++)
       put_value(out, k ? ", " : " ", names[x->args[k]]);
@@ -132,6 +141,11 @@ static void print_ins(const Graph *g, const char **names, Ref i, Buf *out) {
 
 void ir_print(const Graph *g, Buf *out) {
   const char **names = value_names(g);
+  if (g->block) {
+    if (g->block_lead)
+      buf_puts(out, g->block_lead);
+    buf_printf(out, "block %d%s\n", g->block, g->block_trail ? g->block_trail : "");
+  }
   for (int i = 0; i < g->nbufs; i++)
     print_buffer(g, &g->bufs[i], out);
   int seg = -1;

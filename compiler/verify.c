@@ -2,7 +2,9 @@
  *
  * - SSA: every operand is defined on an earlier line.
  * - types: as each op's type rule in ops.def says.
- * - scopes: loads and stores are per element; a reduction narrows scope.
+ * - scopes: loads and stores are per element, or per block for a per-block
+ *   buffer; a reduction narrows scope; a block reduction is a max.
+ * - codes (u8, u4): only loads, stores, lookup and search take them.
  * - buffers: loads and stores name declared buffers; at most one store each.
  * - after partition: each value lives in the right segment, and a phase
  *   never consumes a reduction it produces itself.
@@ -46,6 +48,16 @@ static bool check_types(Verifier *v, Ref i) {
   const char *op = info->name;
   Type t = (Type)x->type;
   Ref *a = x->args;
+  if (info->type_rule != TR_LOAD && info->type_rule != TR_STORE && info->type_rule != TR_LOOKUP &&
+      info->type_rule != TR_SEARCH) {
+    if (type_is_code(t) && x->op != OP_CONST)
+      return fail(v, i, "'%s' does not make codes (%s): a code is a load's, a constant or 'search''s", op,
+                  type_names[t]);
+    for (int k = 0; k < info->nargs; k++)
+      if (type_is_code(ty(v, a[k])))
+        return fail(v, i, "'%s' does not take codes; %s is %s (a code's value is 'lookup BOOK' of it)", op,
+                    vname(v, a[k]), type_names[ty(v, a[k])]);
+  }
   switch (info->type_rule) {
   case TR_LEAF:
     if (t == TY_VOID)
@@ -141,6 +153,28 @@ static bool check_types(Verifier *v, Ref i) {
     if (t != TY_I64 || ty(v, a[0]) != TY_I64 || ty(v, a[1]) != TY_I64)
       return fail(v, i, "'tailpos' takes an i64 vector width and an i64 thread count and gives an i64");
     return true;
+  case TR_LOOKUP: {
+    if (x->book >= NUM_BOOKS)
+      return fail(v, i, "'lookup' of an unknown code book %d", x->book);
+    Book b = (Book)x->book;
+    if (t != TY_F32)
+      return fail(v, i, "'lookup %s' gives an f32, not %s", codebook(b)->name, type_names[t]);
+    if (ty(v, a[0]) != book_code_type(b))
+      return fail(v, i, "'lookup %s' takes its %d codes as %s; %s is %s", codebook(b)->name, codebook(b)->n,
+                  type_names[book_code_type(b)], vname(v, a[0]), type_names[ty(v, a[0])]);
+    return true;
+  }
+  case TR_SEARCH: {
+    if (x->book >= NUM_BOOKS)
+      return fail(v, i, "'search' of an unknown code book %d", x->book);
+    Book b = (Book)x->book;
+    if (ty(v, a[0]) != TY_F32)
+      return fail(v, i, "'search %s' takes an f32; %s is %s", codebook(b)->name, vname(v, a[0]), type_names[ty(v, a[0])]);
+    if (t != book_code_type(b))
+      return fail(v, i, "'search %s' gives its %d codes as %s, not %s", codebook(b)->name, codebook(b)->n,
+                  type_names[book_code_type(b)], type_names[t]);
+    return true;
+  }
   case TR_REDUCE:
     if (t != TY_F64)
       return fail(v, i, "a reduction accumulates in f64; its result type is f64, not %s", type_names[t]);
@@ -152,13 +186,23 @@ static bool check_types(Verifier *v, Ref i) {
 }
 
 static bool check_scopes(Verifier *v, Ref i) {
-  Ins *x = &v->g->ins[i];
+  Graph *g = v->g;
+  Ins *x = &g->ins[i];
+  if (x->op == OP_STORE && g->bufs[x->buf].per_block && g->ins[x->args[0]].scope > SCOPE_BLOCK)
+    return fail(v, i, "'@%s' holds one value per block, and %s is per element", g->bufs[x->buf].name,
+                vname(v, x->args[0]));
+  if ((x->op == OP_LOAD || x->op == OP_STORE) && g->bufs[x->buf].per_block && !g->block)
+    return fail(v, i, "'@%s' is per block, but the graph has no block size", g->bufs[x->buf].name);
   if (x->op != OP_REDUCE)
     return true;
-  Scope from = (Scope)v->g->ins[x->args[0]].scope;
+  Scope from = (Scope)g->ins[x->args[0]].scope;
   if (x->to >= from)
     return fail(v, i, "a reduction must narrow scope, but %s is at %s scope and the target is %s",
                 vname(v, x->args[0]), scope_names[from], scope_names[x->to]);
+  if (x->to == SCOPE_BLOCK && !g->block)
+    return fail(v, i, "a reduction to block needs the graph's block size ('block N')");
+  if (x->to == SCOPE_BLOCK && x->red != RED_MAX && x->red != RED_ABSMAX)
+    return fail(v, i, "a reduction to block is max or absmax (exact in any order), not %s", red_names[x->red]);
   return true;
 }
 
@@ -180,7 +224,7 @@ static bool check_segments(Verifier *v) {
       return fail(v, i, "%s is computed per element but sits in ^step%d", vname(v, i), x->seg / 2);
     for (int k = 0; k < op_info[x->op].nargs; k++) {
       Ins *a = &g->ins[x->args[k]];
-      int ready = a->op == OP_REDUCE ? a->seg + 1 : a->seg;
+      int ready = a->op == OP_REDUCE && a->to != SCOPE_BLOCK ? a->seg + 1 : a->seg; /* a block's is its phase's */
       if (ready > x->seg)
         return fail(v, i, "%s is read in the phase that reduces it; it is ready only after phase %d",
                     vname(v, x->args[k]), a->seg / 2);

@@ -78,7 +78,12 @@ typedef struct {
 } optc_error;
 
 /* ---- building a step ---------------------------------------------------------- */
-typedef enum { OPTC_F32 = 0, OPTC_BF16 = 1, OPTC_F16 = 2 } optc_dtype;
+/* OPTC_U8 and OPTC_U4 are quantized states' codes (8 bits, or 4 bits two
+ * a byte: element 2k in byte k's high nibble), each block of
+ * optc_step_state_block elements with an f32 scale in a state of its own
+ * (NAME.scale); as a spec's state_dtype they ask for torchao's AdamW8bit or
+ * AdamW4bit states. */
+typedef enum { OPTC_F32 = 0, OPTC_BF16 = 1, OPTC_F16 = 2, OPTC_U8 = 3, OPTC_U4 = 4 } optc_dtype;
 typedef enum { OPTC_TARGET_CPU = 0, OPTC_TARGET_CUDA = 1 } optc_target;
 
 /* What a NaN or infinite grad does. PROPAGATE is torch's behaviour: the
@@ -113,7 +118,9 @@ typedef struct {
   optc_nonfinite nonfinite;
   const char *torch_cpu;  /* the torch CPU build whose bits to give: "avx512", "avx2", NULL = this CPU's */
   optc_target target;
-  const optc_scalar *options; /* noptions build-time options and hyperparameters */
+  const optc_scalar *options; /* noptions build-time options and hyperparameters; also the
+                                 recipe's stochastic_rounding (1), seed and kahan (1:
+                                 compensation: kahan) */
   int noptions;
 } optc_spec;
 
@@ -145,13 +152,26 @@ optc_dtype optc_step_state_dtype(const optc_step *s, int k);
  * as built) or OPTC_INIT_PARAM (a copy of the param: master weights). */
 typedef enum { OPTC_INIT_ZERO = 0, OPTC_INIT_VALUE = 1, OPTC_INIT_PARAM = 2 } optc_init;
 optc_init optc_step_state_init(const optc_step *s, int k, double *value);
+/* A quantized state's: its block (state k is one f32 per block of this many
+ * elements: NAME.scale), or 0 (one element per element); the bytes it holds
+ * for a tensor of numel elements (codes, scales, or numel elements). */
+int optc_step_state_block(const optc_step *s, int k);
+int64_t optc_step_state_bytes(const optc_step *s, int k, int64_t numel);
+/* A code book's entries (dyn8s, dyn8u, dyn4s, lin4u, lin8s, lin8u: torchao's
+ * and bitsandbytes' maps, compiler/ir.h) into values (256 or 16 floats, when
+ * values is not NULL); returns their count, or 0 for an unknown name. */
+int optc_code_book(const char *name, float *values);
 /* The runtime scalars the step reads, and each one's default (NaN: it has
  * none and must be given, as "step" must). */
 int optc_step_num_scalars(const optc_step *s);
 const char *optc_step_scalar_name(const optc_step *s, int i, double *dflt);
 /* Bytes one run moves per element (the traffic model), and the step's IR
- * and phase plan as text (a pointer into the step, valid until it is freed). */
+ * and phase plan as text (a pointer into the step, valid until it is freed).
+ * With quantized states the traffic is a fraction (half a byte per 4-bit
+ * code, a scale per block): optc_step_bytes_per_element rounds it up,
+ * optc_step_traffic gives it exactly. */
 int optc_step_bytes_per_element(const optc_step *s);
+double optc_step_traffic(const optc_step *s);
 const char *optc_step_ir(const optc_step *s);
 const char *optc_step_plan(const optc_step *s);
 
@@ -244,6 +264,14 @@ int optc_nvrtc_info(char *buf, size_t n);
 #define OPTC_TENSOR_ALIGN 16
 int64_t optc_flat_layout(int ntensors, const int64_t *numel, int64_t *offset);
 
+/* A step with quantized states (optc_step_state_block > 0) starts each
+ * tensor on a multiple of its block instead, so that no block straddles two
+ * chunks or two ranks: its layout is optc_step_flat_layout's, its chunks
+ * optc_step_chunk_index's (optc_step_align: where its tensors start, 16 or
+ * the block). */
+int optc_step_align(const optc_step *s);
+int64_t optc_step_flat_layout(const optc_step *s, int ntensors, const int64_t *numel, int64_t *offset);
+
 /* This rank's slice and the two collectives a sharded step needs. optc cuts
  * the group into chunks (a chunk: the part of one tensor inside one
  * OPTC_REDUCE_BLOCK block), nglobal of them in flat order, and keeps one
@@ -295,8 +323,10 @@ optc_status optc_step_partials(optc_step *s, const optc_buffers *b, const optc_s
                                optc_error *err);
 
 /* The index, among a group's chunks in flat order, of the first chunk at
- * or after flat index `flat` (the group's chunk count past its end). */
+ * or after flat index `flat` (the group's chunk count past its end); the
+ * same in a step's own layout. */
 int64_t optc_chunk_index(int ntensors, const int64_t *numel, int64_t flat);
+int64_t optc_step_chunk_index(const optc_step *s, int ntensors, const int64_t *numel, int64_t flat);
 
 /* optc_step_run over one rank's slice: b describes the whole group
  * (ntensors and numel of every tensor), its pointers flat-indexed (tensor

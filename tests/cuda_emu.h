@@ -107,6 +107,7 @@ struct alignas(16) double2 {
 };
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+static inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 static inline double2 make_double2(double x, double y) { return double2{x, y}; }
 
 static inline unsigned __float_as_uint(float f) {

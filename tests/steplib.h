@@ -74,14 +74,14 @@ TESTLIB_FN void *alloc64(size_t n) {
  * difference is printed under what. */
 TESTLIB_FN bool same_bytes(const Graph *g, int64_t n, void *const *a, void *const *b, const char *what) {
   for (int k = 0; k < g->nbufs; k++) {
-    size_t bytes = (size_t)n * (size_t)type_size(g->bufs[k].type);
+    size_t bytes = (size_t)buffer_bytes(g, k, n);
     if (memcmp(a[k], b[k], bytes) != 0) {
       const char *pa = a[k], *pb = b[k];
       size_t at = 0;
       while (at < bytes && pa[at] == pb[at])
         at++;
       printf("  %s: @%s differs first at byte %zu (element %zu)\n", what, g->bufs[k].name, at,
-             at / (size_t)type_size(g->bufs[k].type));
+             (size_t)((double)at / buffer_elem_bytes(g, k)));
       return false;
     }
   }
@@ -91,7 +91,8 @@ TESTLIB_FN bool same_bytes(const Graph *g, int64_t n, void *const *a, void *cons
 /* ---- the matrix the backends are checked over: every built-in optimizer with its
  * graph-changing options, and the three dtype layouts (low: bf16 params) ---------------- */
 
-__attribute__((unused)) static const struct { const char *name, *yaml; } opts[] = {
+/* low: only with 16-bit params; no_sr: not with stochastic rounding */
+__attribute__((unused)) static const struct { const char *name, *yaml; bool low, no_sr; } opts[] = {
     {"adamw", "optimizer:\n  _component_: torch.optim.AdamW\n"},
     {"adamw_amsgrad_maximize", "optimizer:\n  _component_: torch.optim.AdamW\n  amsgrad: true\n  maximize: true\n"},
     {"adam_wd", "optimizer:\n  _component_: torch.optim.Adam\n  weight_decay: 0.1\n"},
@@ -110,6 +111,14 @@ __attribute__((unused)) static const struct { const char *name, *yaml; } opts[] 
     {"sgd_fused_momentum",
      "optimizer:\n  _component_: torch.optim.SGD\n  fused: true\n  lr: 0.1\n  momentum: 0.8\n  dampening: 0.3\n"},
     {"adagrad_fused", "optimizer:\n  _component_: torch.optim.Adagrad\n  fused: true\n  weight_decay: 0.1\n"},
+    /* torchao's AdamW8bit and AdamW4bit: quantized states (the bf16/fp32-states layout: plain fp32 ones) */
+    {"adamw8bit", "optimizer:\n  _component_: torchao.optim.AdamW8bit\n  weight_decay: 0.1\n"},
+    {"adamw4bit_amsgrad_b64",
+     "optimizer:\n  _component_: torchao.optim.AdamW4bit\n  amsgrad: true\n  block_size: 64\n  betas: [0.3, 0.6]\n"},
+    /* compensated bf16: the param's rounding error kept in a state */
+    {"adamw8bit_kahan", "optimizer:\n  _component_: torchao.optim.AdamW8bit\ncompensation: kahan\n", true, true},
+    {"adamw_fused_kahan", "optimizer:\n  _component_: torch.optim.AdamW\n  fused: true\ncompensation: kahan\n", true,
+     true},
 };
 __attribute__((unused)) static const struct { const char *name, *yaml; bool low; } layouts[] = {
     {"fp32", "dtype: fp32\n", false},
@@ -129,8 +138,8 @@ TESTLIB_FN bool matrix_case_at(int i, MatrixCase *c) {
   for (size_t o = 0; o < ARRAY_LEN(opts); o++)
     for (size_t l = 0; l < ARRAY_LEN(layouts); l++)
       for (int clip = 0; clip < 2; clip++)
-        for (int sr = 0; sr < (layouts[l].low ? 2 : 1); sr++)
-          if (i-- == 0) {
+        for (int sr = 0; sr < (layouts[l].low && !opts[o].no_sr ? 2 : 1); sr++)
+          if ((!opts[o].low || layouts[l].low) && i-- == 0) {
             *c = (MatrixCase){.opt = o, .layout = l, .clip = clip, .sr = sr};
             snprintf(c->name, sizeof c->name, "%s %s%s%s", opts[o].name, layouts[l].name, clip ? " clip" : "",
                      sr ? " sr" : "");

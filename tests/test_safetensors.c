@@ -287,6 +287,10 @@ static void test_api_errors(void) {
   tf_free(&tf);
 
   for (int ty = TY_BOOL; ty < NUM_TYPES; ty++) {
+    if (ty == TY_U4) { /* no 4-bit dtype in safetensors */
+      CHECK(st_dtype_name(TY_U4) == NULL);
+      continue;
+    }
     Type back;
     CHECK(st_dtype_from_name(st_dtype_name((Type)ty), &back) && back == (Type)ty);
   }

@@ -307,10 +307,15 @@ int cmd_plan(int argc, char **argv) {
   double pbytes = per_rank * type_size(r->param_dtype), gbytes = per_rank * type_size(r->grad_dtype);
   double sbytes = 0;
   int nstates = 0;
+  Buf states = {0}; /* "exp_avg u8 + exp_avg_scale f32 per 256 + ..." */
   for (int b = 0; b < g->nbufs; b++)
     if (g->bufs[b].kind == BUF_STATE) {
-      sbytes += per_rank * type_size(g->bufs[b].type);
+      const Buffer *x = &g->bufs[b];
+      sbytes += per_rank * buffer_elem_bytes(g, b); /* a quantized state: codes, a scale per block */
       nstates++;
+      buf_printf(&states, "%s%s %s", nstates > 1 ? ", " : "", x->name, type_names[x->type]);
+      if (x->per_block && g->block > 0)
+        buf_printf(&states, " per %d", g->block);
     }
   /* what optc run holds per rank, at the recipe's batch and the model's
    * sequence length (as train.c sizes it) */
@@ -393,8 +398,8 @@ int cmd_plan(int argc, char **argv) {
     printf("  model        %s\n", tc.model.component);
     printf("  tensors      %d (torchtune's layout; %d in HF's, whose experts fuse gate and up)\n", ntt, nhf);
     printf("  parameters   %.0f\n", params);
-    printf("  optimizer    %s, params %s, grads %s, %d state%s of %s\n", r->component, type_names[r->param_dtype],
-           type_names[r->grad_dtype], nstates, nstates == 1 ? "" : "s", type_names[r->state_dtype]);
+    printf("  optimizer    %s, params %s, grads %s, %d state%s: %s\n", r->component, type_names[r->param_dtype],
+           type_names[r->grad_dtype], nstates, nstates == 1 ? "" : "s", nstates ? states.data : "none");
     printf("  per rank     %.0f elements of each buffer (1/%d, padded to %d-element blocks)\n", per_rank, nproc,
            OPTC_REDUCE_BLOCK);
     double a = human(pbytes, &u1), b = human(gbytes, &u2), c = human(sbytes, &u3), d = human(pbytes + gbytes + sbytes, &u4);
@@ -410,7 +415,7 @@ int cmd_plan(int argc, char **argv) {
            w1, v1, w2, v2, w3, v3, w4, v4, run.wide, run.narrow, run.span_elems, w6, v6, (int)tc.batch_size, seq,
            threads, threads == 1 ? "" : "s", w7, v7, w8, v8);
     double e = human(step_bytes, &u5);
-    printf("  step traffic %d bytes/element in %d phase%s: %.2f %s per rank per step\n", g->plan->bytes_per_element,
+    printf("  step traffic %g bytes/element in %d phase%s: %.2f %s per rank per step\n", g->plan->bytes_per_element,
            g->plan->nphases, g->plan->nphases == 1 ? "" : "s", e, u5);
     printf("  step time    %.1f ms at %.1f GB/s (%s)\n", step_s * 1e3, bandwidth, bw_from);
     /* the units: consecutive ones of the same size on one line */
@@ -451,6 +456,7 @@ int cmd_plan(int argc, char **argv) {
   }
   rc = 0;
   free(units);
+  buf_free(&states);
 out:
   arena_free(arena);
   free(ov);

@@ -18,7 +18,7 @@ typedef struct {
   LLVMBuilderRef b;
   const Graph *g;
   const PlanPhase *ph;
-  LLVMTypeRef tvoid, ti1, ti16, ti32, ti64, tf32, tf64, tptr;
+  LLVMTypeRef tvoid, ti1, ti8, ti16, ti32, ti64, tf32, tf64, tptr;
   LLVMValueRef *val;     /* (nins) per-element values of the body being emitted */
   LLVMValueRef *scalar;  /* (nins) step-scope values, loaded at entry */
   LLVMValueRef *tscalar; /* (nins) tensor-scope reductions, loaded per chunk */
@@ -119,6 +119,9 @@ LLVMValueRef convert(E *e, LLVMValueRef v, Type from, Type to);
 
 /* ---- emit_llvm.c: the core, what the variants use of it ---------------------------------- */
 LLVMValueRef operand(E *e, Ref r);
+LLVMTypeRef mem_type(E *e, Type t);
+LLVMValueRef load_vec(E *e, int buf);
+void store_vec(E *e, int buf, LLVMValueRef v);
 Ref stored_value(const Graph *g, const Ins *store);
 bool read_back(const E *e, Ref i);
 LLVMValueRef emit_ins(E *e, Ref i, const Loop *lp);
@@ -139,6 +142,15 @@ void tab_gather(E *e);
 void pipe_iter_cvt(E *e, LLVMValueRef fn, LLVMValueRef k, LLVMValueRef *h, LLVMValueRef *hr, const Loop *lp);
 bool recip_div(const Graph *g, Ref i);
 LLVMValueRef recip_check(E *e, LLVMValueRef c, LLVMValueRef r);
+
+/* ---- blocks.c: codes, code books, block phases ----------------------------------------- */
+LLVMValueRef u4_load(E *e, LLVMValueRef p, LLVMValueRef mask);
+void u4_store(E *e, LLVMValueRef p, LLVMValueRef v, LLVMValueRef mask);
+LLVMValueRef table_lookup(E *e, const float *t, int n, LLVMValueRef idx);
+LLVMValueRef code_search(E *e, const CodeBook *cb, LLVMValueRef y);
+bool block_phase(const E *e);
+void block_scratch(E *e, LLVMValueRef *scratch);
+void block_chunk(E *e, LLVMValueRef fn, LLVMValueRef len, LLVMValueRef *scratch);
 
 /* ---- small helpers ------------------------------------------------------------------------ */
 static inline bool is16(Type t) { return t == TY_BF16 || t == TY_F16; }

@@ -275,15 +275,26 @@ LLVMValueRef emit_ins(E *e, Ref i, const Loop *lp) {
     return t == TY_BF16 ? f32_to_bf16_sr(e, a[0], bits) : f32_to_f16_sr(e, a[0], bits);
   }
   case TR_TAILPOS: return tailpos(e, e->tail[i], lp);
+  case TR_LOOKUP: {
+    const CodeBook *cb = codebook((Book)x->book);
+    return table_lookup(e, cb->q, cb->n, a[0]);
+  }
+  case TR_SEARCH: return code_search(e, codebook((Book)x->book), a[0]);
   default: unreachable();
   }
 }
 
 /* ---- memory ---------------------------------------------------------------------------- */
 
+/* A buffer element's type in memory: a code's byte (two u4 a byte), else its lane's. */
+LLVMTypeRef mem_type(E *e, Type t) { return type_is_code(t) ? e->ti8 : scalar_type(e, t); }
+
 static LLVMValueRef elem_addr(E *e, int buf) {
-  LLVMTypeRef et = scalar_type(e, (Type)e->g->bufs[buf].type);
-  return LLVMBuildGEP2(e->b, et, e->bufptr[buf], &e->j, 1, "");
+  Type t = (Type)e->g->bufs[buf].type;
+  LLVMValueRef j = e->j;
+  if (t == TY_U4) /* j is a multiple of W: whole bytes */
+    j = LLVMBuildUDiv(e->b, j, LLVMConstInt(e->ti64, 2, 0), "");
+  return LLVMBuildGEP2(e->b, mem_type(e, t), e->bufptr[buf], &j, 1, "");
 }
 
 /* The memory may be the caller's (include/optc.h), so in the tail, past
@@ -300,7 +311,7 @@ static LLVMValueRef elem_addr(E *e, int buf) {
  * without it (bench/results.md, "Measurements behind the emitters'
  * choices"). */
 static void prefetch(E *e, int buf) {
-  if (e->mask || e->amd)
+  if (e->mask || e->amd || type_is_code((Type)e->g->bufs[buf].type))
     return;
   LLVMTypeRef et = scalar_type(e, (Type)e->g->bufs[buf].type);
   LLVMValueRef at = LLVMBuildAdd(e->b, e->j, LLVMConstInt(e->ti64, PREFETCH, 0), "");
@@ -310,9 +321,24 @@ static void prefetch(E *e, int buf) {
   call_intrinsic(e, "llvm.prefetch", over, 1, args, 4);
 }
 
-static LLVMValueRef load_vec(E *e, int buf) {
+LLVMValueRef load_vec(E *e, int buf) {
   Type t = (Type)e->g->bufs[buf].type;
   prefetch(e, buf);
+  if (t == TY_U4)
+    return u4_load(e, elem_addr(e, buf), e->mask);
+  if (t == TY_U8) { /* bytes, widened to the lanes' i32 */
+    LLVMTypeRef vb = vec(e->ti8, W);
+    LLVMValueRef v;
+    if (e->mask) {
+      LLVMTypeRef over[2] = {vb, e->tptr};
+      LLVMValueRef args[4] = {elem_addr(e, buf), LLVMConstInt(e->ti32, 1, 0), e->mask, LLVMConstNull(vb)};
+      v = call_intrinsic(e, "llvm.masked.load", over, 2, args, 4);
+    } else {
+      v = LLVMBuildLoad2(e->b, vb, elem_addr(e, buf), "");
+      LLVMSetAlignment(v, 1);
+    }
+    return LLVMBuildZExt(e->b, v, vec(e->ti32, W), "");
+  }
   LLVMTypeRef vt = vtype(e, t);
   unsigned align = (unsigned)type_size(t);
   if (e->mask) {
@@ -325,9 +351,25 @@ static LLVMValueRef load_vec(E *e, int buf) {
   return v;
 }
 
-static void store_vec(E *e, int buf, LLVMValueRef v) {
+void store_vec(E *e, int buf, LLVMValueRef v) {
   Type t = (Type)e->g->bufs[buf].type;
   LLVMValueRef p = elem_addr(e, buf);
+  if (t == TY_U4) {
+    u4_store(e, p, v, e->mask);
+    return;
+  }
+  if (t == TY_U8) {
+    v = LLVMBuildTrunc(e->b, v, vec(e->ti8, W), "");
+    if (e->mask) {
+      LLVMTypeRef over[2] = {vec(e->ti8, W), e->tptr};
+      LLVMValueRef args[4] = {v, p, LLVMConstInt(e->ti32, 1, 0), e->mask};
+      call_intrinsic(e, "llvm.masked.store", over, 2, args, 4);
+      return;
+    }
+    LLVMValueRef s = LLVMBuildStore(e->b, v, p);
+    LLVMSetAlignment(s, 1);
+    return;
+  }
   unsigned align = (unsigned)type_size(t);
   if (e->mask) {
     LLVMTypeRef over[2] = {vtype(e, t), e->tptr};
@@ -944,8 +986,16 @@ static void emit_phase(E *e, int k) {
     }
   }
   analyze(e);
-  tab_find(e);
-  e->perm_ok = perm_find(e);
+  bool blocks = block_phase(e);
+  LLVMValueRef scratch[256];
+  if (blocks) {
+    ASSERT(ph->nreds == 0); /* block_phases_supported */
+    e->tab_o = e->tab_u = NOREF;
+    block_scratch(e, scratch);
+  } else {
+    tab_find(e);
+  }
+  e->perm_ok = !blocks && perm_find(e);
   e->has_tailpos = false;
   for (Ref i = ph->lo; i < ph->hi; i++)
     e->has_tailpos |= g->ins[i].op == OP_TAILPOS && in_body(&g->ins[i]);
@@ -959,7 +1009,7 @@ static void emit_phase(E *e, int k) {
       e->cscalar[r] = canonical_nan(e, e->scalar[r]);
   memset(e->recip, 0, sizeof(LLVMValueRef) * (size_t)g->nins);
   e->recip_ok = NULL;
-  for (Ref i = ph->lo; i < ph->hi && e->tab_o == NOREF; i++) /* a table subsumes it */
+  for (Ref i = ph->lo; i < ph->hi && e->tab_o == NOREF && !blocks; i++) /* a table subsumes it */
     if (recip_div(g, i)) {
       LLVMValueRef cv = e->scalar[g->ins[i].args[1]];
       e->recip[i] = LLVMBuildFDiv(b, LLVMConstReal(e->tf32, 1.0), cv, "recip");
@@ -970,7 +1020,7 @@ static void emit_phase(E *e, int k) {
   if (e->tab_o != NOREF)
     tab_build(e, fn, chunks, nchunks);
   e->tie_ok = NULL;
-  if (tie_find(e))
+  if (!blocks && tie_find(e))
     tie_check(e, fn, chunks, nchunks);
   /* the loop that multiplies and rounds half up, where both checks pass */
   LLVMValueRef fast_ok = e->recip_ok && e->tie_ok ? LLVMBuildAnd(b, e->recip_ok, e->tie_ok, "") : e->tie_ok;
@@ -996,7 +1046,13 @@ static void emit_phase(E *e, int k) {
   for (int bi = 0; bi < g->nbufs; bi++) {
     LLVMValueRef idx = LLVMBuildAdd(b, row, LLVMConstInt(e->ti64, (unsigned)bi, 0), "");
     LLVMValueRef base = LLVMBuildLoad2(b, e->tptr, LLVMBuildGEP2(b, e->tptr, bufs, &idx, 1, ""), "");
-    e->bufptr[bi] = LLVMBuildGEP2(b, scalar_type(e, (Type)g->bufs[bi].type), base, &e->start, 1, "");
+    Type bt = (Type)g->bufs[bi].type;
+    LLVMValueRef at = e->start; /* the chunk's first element: a whole byte, a whole block (layout.c) */
+    if (g->bufs[bi].per_block)
+      at = LLVMBuildUDiv(b, at, LLVMConstInt(e->ti64, (unsigned)g->block, 0), "");
+    if (bt == TY_U4)
+      at = LLVMBuildUDiv(b, at, LLVMConstInt(e->ti64, 2, 0), "");
+    e->bufptr[bi] = LLVMBuildGEP2(b, mem_type(e, bt), base, &at, 1, "");
   }
   (void)flat;
   /* per chunk: splats of step values, tensor-scope reductions, SR keys */
@@ -1042,6 +1098,21 @@ static void emit_phase(E *e, int k) {
   for (int r = 0; r < nred; r++)
     acc0[r] = fconst(vacc, red_is_max((RedKind)g->ins[ph->reds[r]].red) ? -1.0 / 0.0 : 0.0);
   LLVMPositionBuilderAtEnd(b, vec_cond);
+  if (blocks) {
+    /* block by block, in block stages (blocks.c); no reductions over the group */
+    block_chunk(e, fn, len, scratch);
+    LLVMBuildBr(b, chunk_end);
+    LLVMDeleteBasicBlock(tail_check);
+    LLVMDeleteBasicBlock(tail);
+    LLVMPositionBuilderAtEnd(b, chunk_end);
+    LLVMValueRef cnext = LLVMBuildAdd(b, ci, LLVMConstInt(e->ti64, 1, 0), "");
+    LLVMBuildBr(b, chunk_cond);
+    LLVMAddIncoming(ci, (LLVMValueRef[]){LLVMConstInt(e->ti64, 0, 0), cnext},
+                    (LLVMBasicBlockRef[]){entry_end, chunk_end}, 2);
+    LLVMPositionBuilderAtEnd(b, exit);
+    LLVMBuildRetVoid(b);
+    return;
+  }
   e->nstages = stages(e, &general);
   bool piped = e->nstages >= 2;
   LLVMValueRef jv, jg = NULL, jr = NULL, jt = NULL, jh = NULL;
@@ -1188,6 +1259,7 @@ LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *cpu
   e.b = LLVMCreateBuilderInContext(c);
   e.tvoid = LLVMVoidTypeInContext(c);
   e.ti1 = LLVMInt1TypeInContext(c);
+  e.ti8 = LLVMInt8TypeInContext(c);
   e.ti16 = LLVMInt16TypeInContext(c);
   e.ti32 = LLVMInt32TypeInContext(c);
   e.ti64 = LLVMInt64TypeInContext(c);

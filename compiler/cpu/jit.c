@@ -130,6 +130,8 @@ static bool optimize_module(LLVMModuleRef m, LLVMTargetMachineRef tm, CompileTim
 static LLVMModuleRef build(const Graph *g, LLVMContextRef c, LLVMTargetMachineRef tm, const Target *t, bool optimize,
                            CompileTimes *times) {
   double t0 = now_seconds();
+  if (!block_phases_supported(g))
+    return NULL;
   LLVMModuleRef m = llvm_emit_module(g, c, t->cpu, t->features);
   LLVMSetTarget(m, t->triple);
   LLVMTargetDataRef dl = LLVMCreateTargetDataLayout(tm);

@@ -15,6 +15,7 @@ LLVMTypeRef scalar_type(E *e, Type t) {
   case TY_F16: case TY_BF16: return e->ti16; /* carried as their bits */
   case TY_F32: return e->tf32;
   case TY_F64: return e->tf64;
+  case TY_U8: case TY_U4: return e->ti32; /* a code is a table index in a lane; i8 in memory (mem_type) */
   default: unreachable();
   }
 }

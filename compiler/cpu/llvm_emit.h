@@ -10,3 +10,6 @@
  * LLVM features ("+avx512f,..."; NULL or "" when unknown: code that runs on
  * any x86-64 with AVX2). */
 LLVMModuleRef llvm_emit_module(const Graph *g, LLVMContextRef c, const char *cpu, const char *features);
+/* Whether the module can be emitted: a phase with block scope runs no
+ * reductions over the group (error printed where it does). */
+bool block_phases_supported(const Graph *g);

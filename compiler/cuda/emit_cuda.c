@@ -62,7 +62,8 @@ static const Lang cuda_lang = {
     .barrier = "__syncthreads()",
     .shared = "__shared__",
     .type = {[TY_BOOL] = "bool", [TY_I32] = "int", [TY_I64] = "long long", [TY_F16] = "unsigned short",
-             [TY_BF16] = "unsigned short", [TY_F32] = "float", [TY_F64] = "double"},
+             [TY_BF16] = "unsigned short", [TY_F32] = "float", [TY_F64] = "double", [TY_U8] = "unsigned char",
+             [TY_U4] = "unsigned char"},
     .field = {[TY_BOOL] = ".i != 0", [TY_I32] = ".i", [TY_I64] = ".i", [TY_F16] = ".h", [TY_BF16] = ".h",
               [TY_F32] = ".f", [TY_F64] = ".d"},
 };
@@ -291,12 +292,74 @@ static const char helpers[] =
     "      p[e] = d[e];\n"
     "}\n";
 
+/* Quantized states' codes, for a graph that has them: 8 u8 or u4 codes a
+ * thread (a u4 thread's 4 bytes at byte j / 2: element 2k in byte k's high
+ * nibble), and the block reduction's max (NaN-propagating: the block's
+ * value is the default NaN when it met one, as interp.c's). */
+static const char quant_helpers[] =
+    "OPTC_FN void optc_vload8_u8(unsigned char *d, const unsigned char *p) {\n"
+    "  const uint2 q = OPTC_LDV((const uint2 *)p);\n"
+    "#pragma unroll\n"
+    "  for (int k = 0; k < 4; k++)\n"
+    "    d[k] = (unsigned char)(q.x >> 8 * k), d[4 + k] = (unsigned char)(q.y >> 8 * k);\n"
+    "}\n"
+    "OPTC_FN void optc_vstore8_u8(unsigned char *p, const unsigned char *d) {\n"
+    "  OPTC_STV((uint2 *)p, make_uint2(d[0] | (unsigned)d[1] << 8 | (unsigned)d[2] << 16 | (unsigned)d[3] << 24,\n"
+    "                                  d[4] | (unsigned)d[5] << 8 | (unsigned)d[6] << 16 | (unsigned)d[7] << 24));\n"
+    "}\n"
+    "OPTC_FN void optc_load8_u8(unsigned char *d, const unsigned char *p, int n) {\n"
+    "#pragma unroll\n"
+    "  for (int e = 0; e < 8; e++)\n"
+    "    d[e] = e < n ? p[e] : (unsigned char)0;\n"
+    "}\n"
+    "OPTC_FN void optc_store8_u8(unsigned char *p, const unsigned char *d, int n) {\n"
+    "#pragma unroll\n"
+    "  for (int e = 0; e < 8; e++)\n"
+    "    if (e < n)\n"
+    "      p[e] = d[e];\n"
+    "}\n"
+    "OPTC_FN void optc_vload8_u4(unsigned char *d, const unsigned char *p) {\n"
+    "  const unsigned q = OPTC_LDV((const unsigned *)p);\n"
+    "#pragma unroll\n"
+    "  for (int k = 0; k < 4; k++)\n"
+    "    d[2 * k] = (unsigned char)(q >> (8 * k + 4) & 15u), d[2 * k + 1] = (unsigned char)(q >> 8 * k & 15u);\n"
+    "}\n"
+    "OPTC_FN void optc_vstore8_u4(unsigned char *p, const unsigned char *d) {\n"
+    "  unsigned q = 0;\n"
+    "#pragma unroll\n"
+    "  for (int k = 0; k < 4; k++)\n"
+    "    q |= ((unsigned)d[2 * k] << 4 | d[2 * k + 1]) << 8 * k;\n"
+    "  OPTC_STV((unsigned *)p, q);\n"
+    "}\n"
+    "OPTC_FN void optc_load8_u4(unsigned char *d, const unsigned char *p, int n) {\n"
+    "#pragma unroll\n"
+    "  for (int e = 0; e < 8; e++)\n"
+    "    d[e] = e < n ? (unsigned char)(p[e / 2] >> (e % 2 ? 0 : 4) & 15u) : (unsigned char)0;\n"
+    "}\n"
+    "OPTC_FN void optc_store8_u4(unsigned char *p, const unsigned char *d, int n) {\n"
+    "#pragma unroll\n"
+    "  for (int k = 0; k < 4; k++)\n"
+    "    if (2 * k < n) /* a tensor of odd length ends in half a byte, its low nibble 0 */\n"
+    "      p[k] = (unsigned char)(d[2 * k] << 4 | (2 * k + 1 < n ? d[2 * k + 1] : 0));\n"
+    "}\n"
+    "/* the code of y: how many of the n - 1 thresholds t are at most y (codebook.c) */\n"
+    "OPTC_FN unsigned char optc_code_count(const float *t, int n, float y) {\n"
+    "  unsigned c = 0;\n"
+    "  for (int s = n / 2; s >= 1; s /= 2)\n"
+    "    c += y >= t[c + s - 1] ? (unsigned)s : 0u;\n"
+    "  return (unsigned char)c;\n"
+    "}\n"
+    "OPTC_FN double optc_bmax(double a, double v) { return a != a ? a : v != v ? v : (v > a ? v : a); }\n"
+    "OPTC_FN float optc_bmaxf(float a, float v) { return a != a ? a : v != v ? v : (v > a ? v : a); }\n";
+
 /* The load/store helper suffix of a buffer element type. */
 static const char *mem_suffix(Type t) {
   switch (t) {
   case TY_F32: return "f32";
   case TY_F64: return "f64";
   case TY_BF16: case TY_F16: return "u16";
+  case TY_U8: return "u8";
+  case TY_U4: return "u4";
   default: unreachable();
   }
 }
@@ -417,6 +480,8 @@ static const char *operand(E *e, Ref r) {
     return arena_printf(e->a, "s_%s", e->stem[r]);
   if (is_tensor_value(x))
     return arena_printf(e->a, "t_%s", e->stem[r]);
+  if (x->scope == SCOPE_BLOCK)
+    return arena_printf(e->a, "b_%s", e->stem[r]);
   if (x->op == OP_LOAD)
     return arena_printf(e->a, "x_%s[e]", e->stem[r]);
   ASSERT(e->expr[r]);
@@ -567,6 +632,11 @@ static const char *render(E *e, Ref i, const char *index) {
                         t == TY_BF16 ? "optc_f32_to_bf16_sr" : "optc_f32_to_f16_sr", a[0], e->stem[i], index);
   case TR_TAILPOS:
     return arena_printf(e->a, "optc_tailpos((long long)(%s), ch.numel, %s, %s)", index, a[0], a[1]);
+  case TR_LOOKUP: return arena_printf(e->a, "optc_%s_q[%s]", codebook((Book)x->book)->name, a[0]);
+  case TR_SEARCH: {
+    const CodeBook *cb = codebook((Book)x->book);
+    return arena_printf(e->a, "optc_code_count(optc_%s_t, %d, %s)", cb->name, cb->n, a[0]);
+  }
   default: unreachable();
   }
 }
@@ -595,7 +665,7 @@ static void emit_vectors(E *e, Op op) {
   Buf *o = e->out;
   bool any = false;
   for (Ref i = ph->lo; i < ph->hi; i++)
-    any |= g->ins[i].op == op;
+    any |= g->ins[i].op == op && !g->bufs[g->ins[i].buf].per_block;
   if (!any)
     return;
   for (int vec = 1; vec >= 0; vec--) {
@@ -604,13 +674,16 @@ static void emit_vectors(E *e, Op op) {
       const Ins *x = &g->ins[i];
       if (x->op != op)
         continue;
+      if (g->bufs[x->buf].per_block)
+        continue; /* a block's, loaded and stored once per block */
       const char *sfx = mem_suffix((Type)g->bufs[x->buf].type), *b = e->bstem[x->buf], *v = e->stem[i];
+      const char *at = g->bufs[x->buf].type == TY_U4 ? "j / 2" : "j";
       if (op == OP_LOAD)
-        buf_printf(o, vec ? "      optc_vload8_%s(x_%s, p_%s + j);\n" : "      optc_load8_%s(x_%s, p_%s + j, n);\n",
-                   sfx, v, b);
+        buf_printf(o, vec ? "      optc_vload8_%s(x_%s, p_%s + %s);\n" : "      optc_load8_%s(x_%s, p_%s + %s, n);\n",
+                   sfx, v, b, at);
       else
-        buf_printf(o, vec ? "      optc_vstore8_%s(p_%s + j, o_%s);\n" : "      optc_store8_%s(p_%s + j, o_%s, n);\n",
-                   sfx, b, v);
+        buf_printf(o, vec ? "      optc_vstore8_%s(p_%s + %s, o_%s);\n" : "      optc_store8_%s(p_%s + %s, o_%s, n);\n",
+                   sfx, b, at, v);
     }
   }
   buf_puts(o, "    }\n");
@@ -622,7 +695,7 @@ static void emit_slots(E *e, Op op, const char *ind, int n) {
   const Graph *g = e->g;
   for (Ref i = e->ph->lo; i < e->ph->hi; i++) {
     const Ins *x = &g->ins[i];
-    if (x->op == op)
+    if (x->op == op && !g->bufs[x->buf].per_block)
       buf_printf(e->out, "%s%s %s_%s[%d];\n", ind, e->L->type[op == OP_LOAD ? x->type : g->bufs[x->buf].type],
                  op == OP_LOAD ? "x" : "o", e->stem[i], n);
   }
@@ -673,6 +746,85 @@ static void emit_element(E *e, const char *ind, const char *index) {
   }
 }
 
+/* The chunk's first element of each buffer the phase touches, p_NAME
+ * (touched[b] set for each): a u4 buffer's byte, a per-block buffer's
+ * block (the chunk starts on one). Returns how many. */
+static int emit_pointers(E *e, const char *ind, bool *touched) {
+  const Graph *g = e->g;
+  const PlanPhase *ph = e->ph;
+  const Lang *L = e->L;
+  Buf *o = e->out;
+  bool *written = arena_alloc(e->a, (size_t)g->nbufs + 1);
+  for (int i = 0; i < ph->nreads; i++)
+    touched[ph->reads[i].buf] = true;
+  for (int i = 0; i < ph->nwrites; i++)
+    touched[ph->writes[i].buf] = written[ph->writes[i].buf] = true;
+  int ntouched = 0;
+  buf_printf(o, "%svoid *const *const row = bufs + (long long)ch.tensor * %d; /* the chunk's tensor's buffers */\n",
+             ind, g->nbufs);
+  for (int b = 0; b < g->nbufs; b++) {
+    if (!touched[b])
+      continue;
+    const char *ty = L->type[g->bufs[b].type];
+    const char *q = written[b] ? "" : "const ";
+    const char *at = g->bufs[b].per_block ? arena_printf(e->a, "ch.start / %d", g->block)
+                     : g->bufs[b].type == TY_U4 ? "ch.start / 2" : "ch.start";
+    buf_printf(o, "%s%s%s *const p_%s = (%s%s *)row[%d] + %s;\n", ind, q, ty, e->bstem[b], q, ty, b, at);
+    ntouched++;
+  }
+  return ntouched;
+}
+
+/* Whether every per-element buffer's vectors can be 16-byte loads (a u4
+ * buffer's 4 bytes a thread, 4-byte ones). */
+static void emit_vec_check(E *e, const bool *touched) {
+  const Graph *g = e->g;
+  Buf *o = e->out;
+  buf_puts(o, "  const bool vec = ");
+  int n = 0;
+  for (int b = 0; b < g->nbufs; b++) {
+    if (!touched[b] || g->bufs[b].per_block)
+      continue;
+    if (g->bufs[b].type == TY_U4)
+      buf_printf(o, "%soptc_aligned(p_%s, 4)", n++ ? " && " : "", e->bstem[b]);
+    else
+      buf_printf(o, "%soptc_aligned16(p_%s)", n++ ? " && " : "", e->bstem[b]);
+  }
+  if (!n)
+    buf_puts(o, "true");
+  buf_puts(o, ";\n");
+}
+
+/* Step values, tensor values and stochastic-rounding keys, once per chunk. */
+static void emit_chunk_values(E *e, const char *ind) {
+  const Graph *g = e->g;
+  const PlanPhase *ph = e->ph;
+  const Lang *L = e->L;
+  Buf *o = e->out;
+  for (Ref r = 0; r < g->nins; r++) {
+    const Ins *x = &g->ins[r];
+    if (x->scope != SCOPE_STEP || x->op == OP_CONST || x->op == OP_STORE || !used_here(e, r))
+      continue;
+    if (x->type == TY_I32)
+      buf_printf(o, "%sconst int s_%s = (int)step[%d].i;\n", ind, e->stem[r], r);
+    else
+      buf_printf(o, "%sconst %s s_%s = step[%d]%s;\n", ind, L->type[x->type], e->stem[r], r, L->field[x->type]);
+  }
+  for (Ref r = 0; r < g->nins; r++) {
+    const Ins *x = &g->ins[r];
+    if (x->scope == SCOPE_TENSOR && x->op == OP_REDUCE && used_here(e, r))
+      buf_printf(o, "%sconst double t_%s = tvals[(long long)ch.tensor * %d + %d].d;\n", ind, e->stem[r], g->nins, r);
+  }
+  for (Ref i = ph->lo; i < ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->op == OP_CVT_SR)
+      buf_printf(o, "%sconst uint32_t k_%s = optc_sr_key((uint64_t)%s, (uint64_t)%s, (uint32_t)ch.tensor);\n", ind,
+                 e->stem[i], operand(e, x->args[1]), operand(e, x->args[2]));
+    if (x->scope == SCOPE_TENSOR && x->op != OP_REDUCE)
+      buf_printf(o, "%sconst %s t_%s = %s;\n", ind, L->type[x->type], e->stem[i], render(e, i, "0"));
+  }
+}
+
 /* Phase k as one kernel. An element-wise phase runs one chunk per block,
  * thread t taking the 8 elements at 8t, 8t + 8 * threads, ... A phase with
  * reductions runs 8 / lanes threads per chunk: the thread of lanes l .. l +
@@ -692,7 +844,7 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   int cpb = nred ? threads / tpc : 1;                     /* chunks per block */
 
   /* header: what the phase moves */
-  buf_printf(o, "/* phase %d: %d bytes/element, %d ops/element\n *   reads:", k, ph->bytes_per_element, ph->nops);
+  buf_printf(o, "/* phase %d: %g bytes/element, %d ops/element\n *   reads:", k, ph->bytes_per_element, ph->nops);
   for (int i = 0; i < ph->nreads; i++)
     buf_printf(o, " @%s %s", g->bufs[ph->reads[i].buf].name, type_names[ph->reads[i].type]);
   if (!ph->nreads)
@@ -744,30 +896,9 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
 
   /* the chunk's first element of each buffer the phase touches */
   bool *touched = arena_alloc(e->a, (size_t)g->nbufs + 1);
-  bool *written = arena_alloc(e->a, (size_t)g->nbufs + 1);
-  for (int i = 0; i < ph->nreads; i++)
-    touched[ph->reads[i].buf] = true;
-  for (int i = 0; i < ph->nwrites; i++)
-    touched[ph->writes[i].buf] = written[ph->writes[i].buf] = true;
-  int ntouched = 0;
-  buf_printf(o, "%svoid *const *const row = bufs + (long long)ch.tensor * %d; /* the chunk's tensor's buffers */\n",
-             ind, g->nbufs);
-  for (int b = 0; b < g->nbufs; b++) {
-    if (!touched[b])
-      continue;
-    const char *ty = L->type[g->bufs[b].type];
-    const char *q = written[b] ? "" : "const ";
-    buf_printf(o, "%s%s%s *const p_%s = (%s%s *)row[%d] + ch.start;\n", ind, q, ty, e->bstem[b], q, ty, b);
-    ntouched++;
-  }
-  if (ntouched && !nred) {
-    buf_puts(o, "  const bool vec = ");
-    int n = 0;
-    for (int b = 0; b < g->nbufs; b++)
-      if (touched[b])
-        buf_printf(o, "%soptc_aligned16(p_%s)", n++ ? " && " : "", e->bstem[b]);
-    buf_puts(o, ";\n");
-  }
+  int ntouched = emit_pointers(e, ind, touched);
+  if (ntouched && !nred)
+    emit_vec_check(e, touched);
   if (nred && lanes > 1 && ph->nreads) { /* whether its lanes' loads can be one access each */
     buf_printf(o, "%sconst bool vec = ", ind);
     for (int i = 0; i < ph->nreads; i++)
@@ -776,29 +907,7 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
     buf_puts(o, ";\n");
   }
 
-  /* step values, tensor values and stochastic-rounding keys, once per chunk */
-  for (Ref r = 0; r < g->nins; r++) {
-    const Ins *x = &g->ins[r];
-    if (x->scope != SCOPE_STEP || x->op == OP_CONST || x->op == OP_STORE || !used_here(e, r))
-      continue;
-    if (x->type == TY_I32)
-      buf_printf(o, "%sconst int s_%s = (int)step[%d].i;\n", ind, e->stem[r], r);
-    else
-      buf_printf(o, "%sconst %s s_%s = step[%d]%s;\n", ind, L->type[x->type], e->stem[r], r, L->field[x->type]);
-  }
-  for (Ref r = 0; r < g->nins; r++) {
-    const Ins *x = &g->ins[r];
-    if (x->scope == SCOPE_TENSOR && x->op == OP_REDUCE && used_here(e, r))
-      buf_printf(o, "%sconst double t_%s = tvals[(long long)ch.tensor * %d + %d].d;\n", ind, e->stem[r], g->nins, r);
-  }
-  for (Ref i = ph->lo; i < ph->hi; i++) {
-    const Ins *x = &g->ins[i];
-    if (x->op == OP_CVT_SR)
-      buf_printf(o, "%sconst uint32_t k_%s = optc_sr_key((uint64_t)%s, (uint64_t)%s, (uint32_t)ch.tensor);\n", ind,
-                 e->stem[i], operand(e, x->args[1]), operand(e, x->args[2]));
-    if (x->scope == SCOPE_TENSOR && x->op != OP_REDUCE)
-      buf_printf(o, "%sconst %s t_%s = %s;\n", ind, L->type[x->type], e->stem[i], render(e, i, "0"));
-  }
+  emit_chunk_values(e, ind);
 
   /* uses within the element loop: who is inlined */
   memset(e->uses, 0, sizeof(int) * (size_t)g->nins);
@@ -900,6 +1009,218 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   }
 }
 
+
+/* ---- a phase with block scope (quantized states) ----------------------------------------- */
+
+static bool is_bred(const Ins *x) { return x->op == OP_REDUCE && x->to == SCOPE_BLOCK; }
+
+/* What a block reduction's partials are kept in: f32 for an operand of
+ * f32 or narrower (the max of f32 values is one of them), else f64. */
+static const char *bred_type(const Graph *g, Ref i) { return g->ins[g->ins[i].args[0]].type == TY_F64 ? "double" : "float"; }
+
+static bool has_block_scope(const Graph *g, const PlanPhase *ph) {
+  for (Ref i = ph->lo; i < ph->hi; i++)
+    if (g->ins[i].scope == SCOPE_BLOCK)
+      return true;
+  return false;
+}
+
+/* The element values of block stage bs of one element (e): each stored
+ * into its o_ slot, each that a later stage reads into its k_ array, and
+ * the block reductions of them folded into a thread's a_. */
+static void emit_block_stage(E *e, int bs, const char *ind, const char *index, const bool *cross) {
+  const Graph *g = e->g;
+  const PlanPhase *ph = e->ph;
+  const uint8_t *bst = g->plan->bstage;
+  Buf *o = e->out;
+  for (Ref i = ph->lo; i < ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (is_bred(x)) {
+      if (bst[i] == bs + 1) {
+        Ref a = x->args[0];
+        Type at = (Type)g->ins[a].type;
+        bool d = at == TY_F64; /* in f32 for a narrower operand: its max is exact there */
+        const char *v = d ? operand(e, a) : to_f32(e, operand(e, a), at);
+        buf_printf(o, "%sif (e < n)\n%s  a_%s = optc_bmax%s(a_%s, %s%s%s);\n", ind, ind, e->stem[i], d ? "" : "f",
+                   e->stem[i], x->red == RED_ABSMAX ? (d ? "fabs(" : "fabsf(") : "", v, x->red == RED_ABSMAX ? ")" : "");
+      }
+      continue;
+    }
+    if (x->scope != SCOPE_ELEM || bst[i] != bs || x->op == OP_LOAD)
+      continue;
+    if (x->op == OP_STORE) {
+      buf_printf(o, "%so_%s[e] = %s;\n", ind, e->stem[i], operand(e, x->args[0]));
+    } else if (cross[i]) {
+      buf_printf(o, "%sk_%s[e] = %s;\n", ind, e->stem[i], render(e, i, index));
+      e->expr[i] = arena_printf(e->a, "k_%s[e]", e->stem[i]);
+    } else if (e->uses[i] == 1) {
+      e->expr[i] = render(e, i, index);
+    } else if (e->uses[i] > 1) {
+      buf_printf(o, "%sconst %s v_%s = %s;\n", ind, e->L->type[x->type], e->stem[i], render(e, i, index));
+      e->expr[i] = arena_printf(e->a, "v_%s", e->stem[i]);
+    }
+  }
+}
+
+/* Phase k with block scope: a chunk per CUDA block, thread t taking the 8
+ * elements at 8t, 8t + 8 * threads, ... as an element-wise phase, in
+ * rounds every thread takes part in (for the barriers). The B / 8 threads
+ * of one block of the graph's block size (B <= 8 * threads: a round holds
+ * whole blocks) compute its stages in turn: stage s's values, stores and
+ * block reductions' terms of each element, then each thread's partial
+ * max in shared memory, a barrier, and the block's max, the same in each
+ * of its threads. */
+static void emit_block_phase(E *e, int k, CudaKernel *kinfo) {
+  const Graph *g = e->g;
+  const PlanPhase *ph = e->ph;
+  const Lang *L = e->L;
+  const uint8_t *bst = g->plan->bstage;
+  Buf *o = e->out;
+  int threads = e->threads, tb = g->block / CUDA_VEC;
+  buf_printf(o, "/* phase %d: %g bytes/element, %d ops/element, blocks of %d elements in %d stages\n *   reads:", k,
+             ph->bytes_per_element, ph->nops, g->block, ph->nbstages);
+  for (int i = 0; i < ph->nreads; i++)
+    buf_printf(o, " @%s %s", g->bufs[ph->reads[i].buf].name, type_names[ph->reads[i].type]);
+  if (!ph->nreads)
+    buf_puts(o, " (none)");
+  buf_puts(o, "\n *   writes:");
+  for (int i = 0; i < ph->nwrites; i++)
+    buf_printf(o, " @%s %s", g->bufs[ph->writes[i].buf].name, type_names[ph->writes[i].type]);
+  if (!ph->nwrites)
+    buf_puts(o, " (none)");
+  buf_puts(o, "\n */\n");
+  /* the blocks per SM it is built for, given: with the threads alone,
+   * ptxas budgets 64 registers and spills around the divides' calls */
+  buf_printf(o, "extern \"C\" __global__ void __launch_bounds__(%d, %d)\n", threads, e->min_blocks);
+  buf_printf(o, "optc_phase%d(const OptcChunk *chunks, long long nchunks, void *const *bufs, const OptcScalar *step,\n"
+                "            const OptcScalar *tvals, double *partials) {\n",
+             k);
+  for (int i = 0; i < ph->nbreds; i++)
+    buf_printf(o, "  %s %s bm_%s[%d]; /* each thread's partial */\n", L->shared, bred_type(g, ph->breds[i]),
+               e->stem[ph->breds[i]], threads);
+  buf_printf(o, "  if ((long long)%s >= nchunks)\n    return;\n", L->block_index);
+  buf_printf(o, "  const OptcChunk ch = chunks[%s];\n", L->block_index);
+  bool *touched = arena_alloc(e->a, (size_t)g->nbufs + 1);
+  if (emit_pointers(e, "  ", touched))
+    emit_vec_check(e, touched);
+  emit_chunk_values(e, "  ");
+  /* who is inlined; what a later stage reads */
+  memset(e->uses, 0, sizeof(int) * (size_t)g->nins);
+  bool *cross = arena_alloc(e->a, (size_t)g->nins + 1);
+  for (Ref i = ph->lo; i < ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->scope == SCOPE_STEP && x->op != OP_STORE && x->op != OP_REDUCE)
+      continue;
+    for (int a = 0; a < op_info[x->op].nargs; a++) {
+      Ref r = x->args[a];
+      e->uses[r]++;
+      if (g->ins[r].scope == SCOPE_ELEM && x->scope == SCOPE_ELEM && !is_bred(x) && bst[r] < bst[i])
+        cross[r] = true;
+    }
+  }
+  buf_printf(o, "  for (long long j0 = 0; j0 < ch.len; j0 += %d) {\n", CUDA_VEC * threads);
+  buf_printf(o, "    const long long j = j0 + (long long)%s * %d;\n", L->thread_index, CUDA_VEC);
+  buf_printf(o, "    const int n = ch.len - j < %d ? (ch.len > j ? (int)(ch.len - j) : 0) : %d;\n", CUDA_VEC, CUDA_VEC);
+  buf_printf(o, "    const bool full = vec && n == %d;\n", CUDA_VEC);
+  buf_printf(o, "    const long long kb = j / %d; /* this thread's block in the chunk */\n", g->block);
+  emit_slots(e, OP_LOAD, "    ", CUDA_VEC);
+  emit_vectors(e, OP_LOAD);
+  emit_slots(e, OP_STORE, "    ", CUDA_VEC);
+  for (Ref i = ph->lo; i < ph->hi; i++)
+    if (cross[i])
+      buf_printf(o, "    %s k_%s[%d];\n", L->type[g->ins[i].type], e->stem[i], CUDA_VEC);
+  for (int bs = 0; bs < ph->nbstages; bs++) {
+    bool reduced = false;
+    for (int r = 0; r < ph->nbreds; r++)
+      reduced |= bst[ph->breds[r]] == bs;
+    if (reduced) {
+      /* the block's max of each reduction the last stage folded: its
+       * threads' partials, in order (a max: any order gives it) */
+      for (int r = 0; r < ph->nbreds; r++)
+        if (bst[ph->breds[r]] == bs)
+          buf_printf(o, "    bm_%s[%s] = a_%s;\n", e->stem[ph->breds[r]], L->thread_index, e->stem[ph->breds[r]]);
+      buf_printf(o, "    %s;\n", L->barrier);
+      for (int r = 0; r < ph->nbreds; r++) {
+        Ref i = ph->breds[r];
+        if (bst[i] != bs)
+          continue;
+        const char *s = e->stem[i], *ty = bred_type(g, i);
+        bool d = !strcmp(ty, "double");
+        buf_printf(o, "    %s m_%s = bm_%s[%s / %d * %d];\n", ty, s, s, L->thread_index, tb, tb);
+        buf_printf(o, "    for (int t = 1; t < %d; t++)\n      m_%s = optc_bmax%s(m_%s, bm_%s[%s / %d * %d + t]);\n", tb,
+                   s, d ? "" : "f", s, s, L->thread_index, tb, tb);
+        buf_printf(o, "    const double b_%s = m_%s != m_%s ? %s : (double)m_%s;\n", s, s, s, literal(e, TY_F64, NAN), s);
+      }
+      buf_printf(o, "    %s; /* the partials are read: the next ones may go in */\n", L->barrier);
+    }
+    /* the stage's other block values: per-block loads, the ops on block values */
+    for (Ref i = ph->lo; i < ph->hi; i++) {
+      const Ins *x = &g->ins[i];
+      if (x->scope != SCOPE_BLOCK || bst[i] != bs || x->op == OP_STORE || is_bred(x))
+        continue;
+      if (x->op == OP_LOAD)
+        buf_printf(o, "    const %s b_%s = n > 0 ? p_%s[kb] : (%s)0;\n", L->type[x->type], e->stem[i],
+                   e->bstem[x->buf], L->type[x->type]);
+      else
+        buf_printf(o, "    const %s b_%s = %s;\n", L->type[x->type], e->stem[i], render(e, i, "0"));
+    }
+    for (int r = 0; r < ph->nbreds; r++)
+      if (bst[ph->breds[r]] == bs + 1) {
+        const char *ty = bred_type(g, ph->breds[r]);
+        buf_printf(o, "    %s a_%s = %s;\n", ty, e->stem[ph->breds[r]],
+                   literal(e, !strcmp(ty, "double") ? TY_F64 : TY_F32, -INFINITY));
+      }
+    buf_printf(o, "#pragma unroll\n    for (int e = 0; e < %d; e++) {\n", CUDA_VEC);
+    emit_block_stage(e, bs, "      ", "ch.start + j + e", cross);
+    buf_puts(o, "    }\n");
+  }
+  /* each block's own stores (its scales): by its first thread */
+  for (Ref i = ph->lo; i < ph->hi; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->op == OP_STORE && x->scope == SCOPE_BLOCK)
+      buf_printf(o, "    if (%s %% %d == 0 && n > 0)\n      p_%s[kb] = %s;\n", L->thread_index, tb, e->bstem[x->buf],
+                 operand(e, x->args[0]));
+  }
+  emit_vectors(e, OP_STORE);
+  buf_puts(o, "  }\n}\n\n");
+  if (kinfo) {
+    snprintf(kinfo->name, sizeof kinfo->name, "optc_phase%d", k);
+    kinfo->threads = threads;
+    kinfo->cpb = 1;
+    kinfo->nred = 0;
+    kinfo->smem = 0;
+    for (int i = 0; i < ph->nbreds; i++)
+      kinfo->smem += threads * (strcmp(bred_type(g, ph->breds[i]), "double") ? 4 : 8);
+    kinfo->regs = kinfo->spill_stores = kinfo->spill_loads = kinfo->stack = -1;
+  }
+}
+
+/* The code books the graph's lookups and searches read, as device tables:
+ * each one's values (optc_NAME_q) and search thresholds (optc_NAME_t). */
+static void emit_books(const Graph *g, Buf *out) {
+  bool used[NUM_BOOKS] = {false};
+  for (Ref i = 0; i < g->nins; i++)
+    if (g->ins[i].op == OP_LOOKUP || g->ins[i].op == OP_SEARCH)
+      used[g->ins[i].book] = true;
+  for (int k = 0; k < NUM_BOOKS; k++) {
+    if (!used[k])
+      continue;
+    const CodeBook *cb = codebook((Book)k);
+    for (int w = 0; w < 2; w++) {
+      int n = w ? cb->n - 1 : cb->n;
+      const float *v = w ? cb->t : cb->q;
+      buf_printf(out, "/* code book %s: its %s (compiler/codebook.c) */\n__device__ const float optc_%s_%s[%d] = {", cb->name,
+                 w ? "search thresholds" : "values", cb->name, w ? "t" : "q", n);
+      for (int i = 0; i < n; i++) {
+        char num[32]; /* 9 digits read back to the same f32; a point, so that it is a float literal */
+        snprintf(num, sizeof num, "%.9g", v[i]);
+        buf_printf(out, "%s%s%sf,", i % 8 ? " " : "\n  ", num, strpbrk(num, ".e") ? "" : ".0");
+      }
+      buf_puts(out, "\n};\n");
+    }
+  }
+}
+
 /* optc_nonfinite: partials[c] = 1 when chunk c holds a NaN or an infinite
  * grad, else 0 (what the executor runs when grads_finite < 0). */
 static void emit_nonfinite(E *e, CudaKernel *kinfo) {
@@ -979,13 +1300,25 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
     error("cuda backend: blocks per SM must be from 1 to 32 (got %d)", min_blocks);
     return -1;
   }
+  bool quant = false;
   for (int i = 0; i < g->nbufs; i++)
-    if (g->bufs[i].type != TY_F32 && g->bufs[i].type != TY_F64 && g->bufs[i].type != TY_BF16 &&
-        g->bufs[i].type != TY_F16) {
-      error("cuda backend: buffer @%s has type %s; only f64, f32, bf16 and f16 buffers are supported",
-            g->bufs[i].name, type_names[g->bufs[i].type]);
+    quant |= type_is_code(g->bufs[i].type) || g->bufs[i].per_block;
+  for (int k = 0; k < p->nphases; k++) {
+    const PlanPhase *ph = &p->phases[k];
+    if (!has_block_scope(g, ph))
+      continue;
+    quant = true;
+    if (ph->nreds > 0) {
+      error("cuda backend: phase %d has block reductions and reductions over the group; a phase here runs one or "
+            "the other", k);
       return -1;
     }
+    if (g->block > CUDA_VEC * threads) {
+      error("cuda backend: blocks of %d elements; a block of %d threads takes %d at a time (give threads >= %d)",
+            g->block, threads, CUDA_VEC * threads, g->block / CUDA_VEC);
+      return -1;
+    }
+  }
   bool mkl_ex = false;
   for (Ref i = 0; i < g->nins; i++)
     mkl_ex |= g->ins[i].op == OP_SQRT_MKL_EX && g->ins[i].type != TY_F64;
@@ -1029,7 +1362,10 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
     e.ph = &p->phases[k];
     e.threads = e.ph->nreds ? red_threads : threads;
     e.out = &scratch;
-    emit_phase(&e, k, &ks[k]);
+    if (has_block_scope(g, e.ph))
+      emit_block_phase(&e, k, &ks[k]);
+    else
+      emit_phase(&e, k, &ks[k]);
   }
   e.threads = threads;
   emit_nonfinite(&e, &ks[p->nphases]);
@@ -1056,13 +1392,21 @@ int cuda_emit(const Graph *g, const CudaTarget *t, Buf *out, CudaKernel *kernels
   buf_puts(out, "/* ---- end of compiler/numerics.h ---- */\n\n");
   buf_puts(out, helpers);
   buf_putc(out, '\n');
+  if (quant) {
+    buf_puts(out, quant_helpers);
+    emit_books(g, out);
+    buf_putc(out, '\n');
+  }
   if (mkl_ex)
     emit_rsqrtps_table(out);
   e.out = out;
   for (int k = 0; k < p->nphases; k++) {
     e.ph = &p->phases[k];
     e.threads = e.ph->nreds ? red_threads : threads;
-    emit_phase(&e, k, NULL);
+    if (has_block_scope(g, e.ph))
+      emit_block_phase(&e, k, NULL);
+    else
+      emit_phase(&e, k, NULL);
   }
   e.threads = threads;
   emit_nonfinite(&e, NULL);

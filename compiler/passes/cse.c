@@ -10,7 +10,7 @@
 #include <string.h>
 
 typedef struct {
-  uint8_t op, type, red, to;
+  uint8_t op, type, red, to, book;
   int32_t buf;
   Ref a[3];
   uint64_t imm; /* bits of the constant */
@@ -24,6 +24,7 @@ static Key key_of(const Graph *g, Ref i) {
   k.type = x->type;
   k.red = x->red;
   k.to = x->to;
+  k.book = x->book;
   k.buf = x->buf;
   for (int j = 0; j < 3; j++)
     k.a[j] = x->args[j];

@@ -19,13 +19,26 @@
  * error rather than silently moving more bytes, if storing ever wins.
  *
  * Every store lands in the last phase, so that every load in every phase
- * reads the buffers as they were before the step. */
+ * reads the buffers as they were before the step.
+ *
+ * A reduction to block scope (a quantized state's absmax) starts no phase:
+ * a block is a few hundred elements inside one chunk, so the phase that
+ * needs it computes it there, in a loop over the block before the values
+ * that read it (lower.c's block stages). It is a per-element value here,
+ * copied into each phase that needs it like any other. */
 #include "passes.h"
 
 #include <string.h>
 
 /* How many times its size recomputing may grow a graph. */
 enum { MAX_GROWTH = 16 };
+
+/* A value the element loops read as computed before them: a step value, or
+ * a reduction over a tensor or the group. */
+static bool is_global(const Ins *x) { return x->scope == SCOPE_STEP || (x->op == OP_REDUCE && x->to != SCOPE_BLOCK); }
+
+/* A reduction that ends a phase. */
+static bool is_phase_reduce(const Ins *x) { return x->op == OP_REDUCE && x->to != SCOPE_BLOCK; }
 
 bool pass_partition(Graph *g) {
   pass_dce(g);
@@ -37,13 +50,18 @@ bool pass_partition(Graph *g) {
     int s = 0;
     for (int k = 0; k < op_info[x->op].nargs; k++)
       s = MAX(s, stage[x->args[k]]);
-    stage[i] = x->op == OP_REDUCE ? s + 1 : s;
+    stage[i] = is_phase_reduce(x) ? s + 1 : s;
     if (x->op == OP_STORE)
       last = MAX(last, s);
-    if (x->op == OP_REDUCE)
+    if (is_phase_reduce(x))
       last = MAX(last, s);
     if (x->op == OP_REDUCE && g->ins[x->args[0]].scope == SCOPE_TENSOR) {
       error_at(x->pos, "a reduction of tensor-scope values is not supported by the compiled backends");
+      return false;
+    }
+    if (is_phase_reduce(x) && g->ins[x->args[0]].scope == SCOPE_BLOCK) {
+      error_at(x->pos, "a reduction of block-scope values to %s is not supported by the compiled backends",
+               scope_names[x->to]);
       return false;
     }
     if ((x->op == OP_STORE || x->op == OP_REDUCE) && s >= IR_MAX_PHASES) {
@@ -59,15 +77,13 @@ bool pass_partition(Graph *g) {
     bool *nk = need + (size_t)k * (size_t)n;
     for (int i = n - 1; i >= 0; i--) {
       const Ins *x = &g->ins[i];
-      bool root = (x->op == OP_REDUCE && stage[i] == k + 1) || (x->op == OP_STORE && k == last);
+      bool root = (is_phase_reduce(x) && stage[i] == k + 1) || (x->op == OP_STORE && k == last);
       if (!root && !nk[i])
         continue;
       nk[i] = true;
-      for (int a = 0; a < op_info[x->op].nargs; a++) {
-        const Ins *y = &g->ins[x->args[a]];
-        if (y->scope != SCOPE_STEP && y->op != OP_REDUCE)
+      for (int a = 0; a < op_info[x->op].nargs; a++)
+        if (!is_global(&g->ins[x->args[a]]))
           nk[x->args[a]] = true;
-      }
     }
   }
   /* Recompute or spill: what each later phase must load again to recompute
@@ -144,8 +160,7 @@ bool pass_partition(Graph *g) {
         Ins y = *x;
         for (int a = 0; a < op_info[x->op].nargs; a++) {
           const Ins *arg = &g->ins[x->args[a]];
-          bool global = arg->scope == SCOPE_STEP || arg->op == OP_REDUCE;
-          y.args[a] = global ? gmap[x->args[a]] : pmap[x->args[a]];
+          y.args[a] = is_global(arg) ? gmap[x->args[a]] : pmap[x->args[a]];
           ASSERT(y.args[a] != NOREF);
         }
         if (x->dep != NOREF)
@@ -160,7 +175,7 @@ bool pass_partition(Graph *g) {
         if (pass == 1)
           placed[i] = true;
         out[m] = y;
-        if (pass == 0 || x->op == OP_REDUCE)
+        if (pass == 0 || is_phase_reduce(x))
           gmap[i] = m;
         else
           pmap[i] = m;

@@ -85,8 +85,8 @@ OPTC_ERR_NONFINITE = 5
 STATUS_NAMES = {0: "OPTC_OK", 1: "OPTC_ERR_INVALID", 2: "OPTC_ERR_SPEC", 3: "OPTC_ERR_COMPILE",
                 4: "OPTC_ERR_DEVICE", 5: "OPTC_ERR_NONFINITE"}
 
-OPTC_F32, OPTC_BF16, OPTC_F16 = 0, 1, 2
-DTYPE_NAMES = {OPTC_F32: "f32", OPTC_BF16: "bf16", OPTC_F16: "f16"}
+OPTC_F32, OPTC_BF16, OPTC_F16, OPTC_U8, OPTC_U4 = 0, 1, 2, 3, 4
+DTYPE_NAMES = {OPTC_F32: "f32", OPTC_BF16: "bf16", OPTC_F16: "f16", OPTC_U8: "8-bit", OPTC_U4: "4-bit"}
 DTYPE_SIZE = {OPTC_F32: 4, OPTC_BF16: 2, OPTC_F16: 2}
 
 OPTC_TARGET_CPU, OPTC_TARGET_CUDA = 0, 1
@@ -174,6 +174,11 @@ optc_step_num_scalars = _bind("optc_step_num_scalars", ctypes.c_int, _step_p)
 optc_step_scalar_name = _bind("optc_step_scalar_name", ctypes.c_char_p, _step_p, ctypes.c_int,
                               ctypes.POINTER(ctypes.c_double))
 optc_step_bytes_per_element = _bind("optc_step_bytes_per_element", ctypes.c_int, _step_p)
+optc_step_traffic = _bind("optc_step_traffic", ctypes.c_double, _step_p)
+optc_step_state_block = _bind("optc_step_state_block", ctypes.c_int, _step_p, ctypes.c_int)
+optc_step_state_bytes = _bind("optc_step_state_bytes", ctypes.c_int64, _step_p, ctypes.c_int, ctypes.c_int64)
+optc_step_align = _bind("optc_step_align", ctypes.c_int, _step_p)
+optc_code_book = _bind("optc_code_book", ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_float))
 optc_step_ir = _bind("optc_step_ir", ctypes.c_char_p, _step_p)
 optc_step_plan = _bind("optc_step_plan", ctypes.c_char_p, _step_p)
 optc_step_run = _bind("optc_step_run", ctypes.c_int, _step_p, ctypes.POINTER(optc_buffers),
@@ -257,6 +262,17 @@ def check(status, err, what=""):
         raise error_for(status, f"{what}: {msg}" if what else msg)
 
 
+def code_book(name):
+    """A code book's entries (dyn8s, dyn8u, dyn4s, lin4u, lin8s, lin8u), as a
+    list of floats: what optc's quantized states' codes index."""
+    n = optc_code_book(name.encode(), None)
+    if n == 0:
+        raise InvalidError(f"optc: no code book named {name!r}", OPTC_ERR_INVALID)
+    v = (ctypes.c_float * n)()
+    optc_code_book(name.encode(), v)
+    return list(v)
+
+
 def torch_sqrt(torch_cpu, xs):
     """optc_torch_sqrt: torch.sqrt of these f32 values as optc computes it for
     torch_cpu ("avx512", "avx2", "amd" or None: this CPU's guess); a list."""
@@ -286,8 +302,10 @@ class Step:
     left out keep optc_spec_default's values.
 
     After building: .states, [(name, optc dtype, init, value)] in
-    optc_buffers.state order; .scalars, {name: default} (NaN: must be given);
-    .bytes_per_element; .ir and .plan (text).
+    optc_buffers.state order (.state_block: each one's block, 0 but for a
+    quantized state's scales); .scalars, {name: default} (NaN: must be
+    given); .bytes_per_element (the traffic, a fraction with quantized
+    states); .ir and .plan (text).
     """
 
     def __init__(self, spec):
@@ -343,16 +361,18 @@ class Step:
         self._ptr = ptr
         self._free = optc_step_free  # kept for __del__ at interpreter exit
         self.states = []
+        self.state_block = []
         for k in range(optc_step_num_states(ptr)):
             v = ctypes.c_double()
             init = optc_step_state_init(ptr, k, ctypes.byref(v))
             self.states.append((optc_step_state_name(ptr, k).decode(), optc_step_state_dtype(ptr, k), init, v.value))
+            self.state_block.append(optc_step_state_block(ptr, k))
         self.scalars = {}
         for i in range(optc_step_num_scalars(ptr)):
             d = ctypes.c_double()
             nm = optc_step_scalar_name(ptr, i, ctypes.byref(d)).decode()
             self.scalars[nm] = d.value
-        self.bytes_per_element = optc_step_bytes_per_element(ptr)
+        self.bytes_per_element = optc_step_traffic(ptr)
         self._names = {}  # scalar name -> its encoded bytes, alive for the runs
 
     def __del__(self):

@@ -51,9 +51,14 @@ typedef struct {
 int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel, int nunits, const int *first);
 void fsdp_free(Fsdp *f);
 /* What fsdp_init would lay out, without a Coll: the elements of a rank's
- * shard of one buffer, and in *most the largest span. */
-int64_t fsdp_plan(int n, const int64_t *numel, int nunits, const int *first, int world, int64_t *most);
+ * shard of one buffer, and in *most the largest span (tensors from
+ * multiples of align: graph_align of the step's graph). */
+int64_t fsdp_plan(int n, const int64_t *numel, int nunits, const int *first, int world, int64_t align,
+                  int64_t *most);
 /* This rank's part of unit u in buffer b: units[u].S elements. */
+/* Buffer b's bytes for n elements from a block's start: a quantized
+ * state's codes (u4: two a byte) or its scales (one a block). */
+int64_t fsdp_buf_bytes(const Fsdp *f, int b, int64_t n);
 void *fsdp_part(Fsdp *f, int b, int u);
 /* The unit of tensor t, and the elements [lo, hi) of it this rank holds. */
 int fsdp_unit_of(const Fsdp *f, int t);

@@ -42,9 +42,35 @@ static CollType sum_type(Type t) {
 /* The collective type that moves t's bytes unchanged (an all-gather adds nothing). */
 static CollType move_type(Type t) { return type_size(t) == 2 ? COLL_BF16 : type_size(t) == 8 ? COLL_F64 : COLL_F32; }
 
-static void *elem_at(void *p, Type t, int64_t i) { return (char *)p + i * type_size(t); }
-
 static Type buf_type(const Fsdp *f, int b) { return (Type)f->g->bufs[b].type; }
+
+int64_t fsdp_buf_bytes(const Fsdp *f, int b, int64_t n) {
+  const Graph *g = f->g;
+  const Buffer *x = &g->bufs[b];
+  if (x->per_block && g->block > 0) /* one a block: n from a block's start */
+    return (n + g->block - 1) / g->block * type_size((Type)x->type);
+  return x->type == TY_U4 ? (n + 1) / 2 : n * type_size((Type)x->type);
+}
+
+/* Buffer b's bytes before flat element i (a block's start: every shard,
+ * unit and tensor starts on one), negative i too: a tensor that starts in
+ * an earlier rank's part. */
+static int64_t buf_offset(const Fsdp *f, int b, int64_t i) {
+  const Graph *g = f->g;
+  const Buffer *x = &g->bufs[b];
+  int64_t per = x->per_block && g->block > 0 ? g->block : x->type == TY_U4 ? 2 : 1;
+  ASSERT(i % per == 0);
+  return i / per * (x->per_block ? type_size((Type)x->type) : x->type == TY_U4 ? 1 : type_size((Type)x->type));
+}
+
+static void *buf_at(const Fsdp *f, int b, void *p, int64_t i) { return (char *)p + buf_offset(f, b, i); }
+
+/* Moves n bytes (a multiple of 2) from every rank into span, rank after
+ * rank: an all-gather of a type of their size, which adds nothing. */
+static int gather_bytes(Coll *c, const void *part, void *span, int64_t n) {
+  ASSERT(n % 2 == 0);
+  return n % 4 == 0 ? coll_all_gather(c, part, span, n / 4, COLL_F32) : coll_all_gather(c, part, span, n / 2, COLL_BF16);
+}
 
 /* Rank r's part of unit u, clipped to the unit's elements: its piece. */
 static void unit_piece(const FsdpUnit *u, int r, int64_t *lo, int64_t *hi) {
@@ -123,9 +149,10 @@ static void unit_span(FsdpUnit *u, const GroupLayout *full, int t0, int t1, int 
   u->S = MAX(1, (per + OPTC_REDUCE_BLOCK - 1) / OPTC_REDUCE_BLOCK) * OPTC_REDUCE_BLOCK;
 }
 
-int64_t fsdp_plan(int n, const int64_t *numel, int nunits, const int *first, int world, int64_t *most) {
+int64_t fsdp_plan(int n, const int64_t *numel, int nunits, const int *first, int world, int64_t align,
+                  int64_t *most) {
   GroupLayout full;
-  layout_init(&full, n, numel);
+  layout_init_a(&full, n, numel, align);
   int64_t total = 0;
   *most = 0;
   for (int k = 0; k < nunits; k++) {
@@ -155,7 +182,9 @@ int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel, 
     error("sharded steps sum grads of f32, bf16 or f64, not %s", type_names[gt]);
     return -1;
   }
-  layout_init(&f->full, n, numel);
+  /* tensors from multiples of the graph's alignment, as the group and the
+   * API lay them out (a quantized state's blocks: whole in each tensor) */
+  layout_init_a(&f->full, n, numel, graph_align(g));
   /* the units: the caller's, or the whole group as one */
   int whole[2] = {0, n};
   if (nunits <= 0)
@@ -178,7 +207,7 @@ int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel, 
       f->ranges[2 * f->nranges] = lo, f->ranges[2 * f->nranges + 1] = hi, f->nranges++;
   }
   f->shard = (GroupLayout){0};
-  layout_init(&f->shard, n, numel);
+  layout_init_a(&f->shard, n, numel, graph_align(g));
   if (f->nranges > 0) {
     layout_select(&f->shard, f->nranges, f->ranges);
   } else { /* owns nothing: no chunks */
@@ -205,7 +234,7 @@ int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel, 
   f->table = calloc((size_t)n * (size_t)g->nbufs + 1, sizeof(void *));
   ASSERT(f->mem && f->table);
   for (int b = 0; b < g->nbufs; b++) {
-    f->mem[b] = coll_mem_alloc(coll, (size_t)(f->nshard + OPTC_TENSOR_ALIGN) * (size_t)type_size(buf_type(f, b)));
+    f->mem[b] = coll_mem_alloc(coll, (size_t)fsdp_buf_bytes(f, b, f->nshard + OPTC_TENSOR_ALIGN));
     if (!f->mem[b]) {
       error("out of memory for the shard of '@%s' (%lld elements)", g->bufs[b].name, (long long)f->nshard);
       return -1;
@@ -216,8 +245,7 @@ int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel, 
     int64_t part = fsdp_part_start(u, f->rank);
     for (int t = u->t0; t < u->t1; t++)
       for (int b = 0; b < g->nbufs; b++)
-        f->table[(size_t)t * (size_t)g->nbufs + (size_t)b] =
-            elem_at(f->mem[b], buf_type(f, b), u->at - part + f->full.offset[t]);
+        f->table[(size_t)t * (size_t)g->nbufs + (size_t)b] = buf_at(f, b, f->mem[b], u->at - part + f->full.offset[t]);
   }
   f->reducer = (Reducer){&f->full, gather_partials, all_ranks, f};
   return 0;
@@ -245,7 +273,7 @@ void fsdp_free(Fsdp *f) {
   memset(f, 0, sizeof *f);
 }
 
-void *fsdp_part(Fsdp *f, int b, int u) { return elem_at(f->mem[b], buf_type(f, b), f->units[u].at); }
+void *fsdp_part(Fsdp *f, int b, int u) { return buf_at(f, b, f->mem[b], f->units[u].at); }
 
 int fsdp_unit_of(const Fsdp *f, int t) {
   int lo = 0, hi = f->nunits - 1;
@@ -275,9 +303,11 @@ int fsdp_gather(Fsdp *f, int u, int b, void *span) {
   void *part = fsdp_part(f, b, u);
   if (f->world == 1) {
     if (span != part)
-      memcpy(span, part, (size_t)x->S * (size_t)type_size(t));
+      memcpy(span, part, (size_t)fsdp_buf_bytes(f, b, x->S));
     return 0;
   }
+  if (f->g->bufs[b].per_block || type_size(t) < 2) /* a quantized state's codes or scales */
+    return gather_bytes(f->coll, part, span, fsdp_buf_bytes(f, b, x->S));
   return coll_all_gather(f->coll, part, span, x->S, move_type(t));
 }
 
@@ -331,8 +361,8 @@ int fsdp_load(Fsdp *f, const ParamGroup *pg, bool contribute_grads) {
       unit_piece(&f->units[k], f->rank, &lo, &hi);
       const FsdpUnit *u = &f->units[k];
       if (hi > lo)
-        memcpy(elem_at(fsdp_part(f, b, k), t, lo - fsdp_part_start(u, f->rank)), elem_at(pg->bufs[b], t, lo),
-               (size_t)(hi - lo) * es);
+        memcpy(buf_at(f, b, fsdp_part(f, b, k), lo - fsdp_part_start(u, f->rank)), buf_at(f, b, pg->bufs[b], lo),
+               (size_t)fsdp_buf_bytes(f, b, hi - lo));
     }
   }
   f->step = pg->step;
@@ -344,21 +374,20 @@ int fsdp_store(Fsdp *f, ParamGroup *pg) {
   void *span = NULL;
   size_t most = 0;
   for (int b = 0; b < g->nbufs; b++)
-    most = MAX(most, (size_t)type_size(buf_type(f, b)));
-  span = coll_mem_alloc(f->coll, (size_t)(f->most + 1) * most);
+    most = MAX(most, (size_t)fsdp_buf_bytes(f, b, f->most + 1));
+  span = coll_mem_alloc(f->coll, most);
   if (!span)
     return -1;
   int rc = 0;
   for (int b = 0; b < g->nbufs && rc == 0; b++) {
     if (b == f->gbuf)
       continue;
-    Type t = buf_type(f, b);
     for (int k = 0; k < f->nunits && rc == 0; k++) {
       const FsdpUnit *u = &f->units[k];
       rc = fsdp_gather(f, k, b, span);
       if (rc == 0 && u->fhi > u->flo)
-        memcpy(elem_at(pg->bufs[b], t, u->flo), elem_at(span, t, u->flo - u->base),
-               (size_t)(u->fhi - u->flo) * (size_t)type_size(t));
+        memcpy(buf_at(f, b, pg->bufs[b], u->flo), buf_at(f, b, span, u->flo - u->base),
+               (size_t)fsdp_buf_bytes(f, b, u->fhi - u->flo));
     }
   }
   coll_mem_free(f->coll, span);
@@ -423,7 +452,7 @@ static GroupLayout *unit_layout(Fsdp *f, int u, int64_t r[2]) {
   unit_piece(&f->units[u], f->rank, &r[0], &r[1]);
   GroupLayout *l = &f->unit_shard[u];
   if (!l->numel) {
-    layout_init(l, f->full.ntensors, f->full.numel);
+    layout_init_a(l, f->full.ntensors, f->full.numel, f->full.align);
     layout_select(l, 1, r);
   }
   return l;

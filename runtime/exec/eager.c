@@ -28,14 +28,21 @@
  * Reductions see every tensor before any value that reads them is made: as
  * in torch, clip_grad_norm finishes its norms over all grads before it
  * scales any. Values are staged as in the interpreter; all stores happen in
- * the last stage, so a skipped step (non-finite grads) stores nothing. */
+ * the last stage, so a skipped step (non-finite grads) stores nothing.
+ *
+ * Quantized states, as torchao's eager code runs them: a block-scope value
+ * (a scale, a block's absmax) is a tensor too, materialized here per
+ * element (each element holds its block's value, as scale[:, None] would
+ * broadcast); a per-block buffer is read into one (K_BLOAD) and written
+ * from one (K_BSTORE), and a block reduction (K_BREDUCE) is a pass that
+ * writes each block's max over it. Codes are u8, or u4 nibbles. */
 #include "eager_loops.h"
 
 #include <pthread.h>
 
 /* ---- the program: what runs, and where each value lives --------------------------- */
 
-typedef enum { K_NONE, K_OP, K_COPY, K_FILL, K_REDUCE } TaskKind;
+typedef enum { K_NONE, K_OP, K_COPY, K_FILL, K_REDUCE, K_BLOAD, K_BREDUCE, K_BSTORE } TaskKind;
 
 /* One pass over a tensor's elements. */
 typedef struct {
@@ -69,9 +76,18 @@ typedef struct {
 
 static bool is_half(Type t) { return t == TY_BF16 || t == TY_F16; }
 
+/* A value eager keeps per element: elem scope, and block scope
+ * (materialized, each element its block's value). */
+static bool per_elem(const Ins *x) { return x->scope == SCOPE_ELEM || x->scope == SCOPE_BLOCK; }
+
 static bool is_arith(const Ins *x) {
-  return x->op != OP_LOAD && x->op != OP_STORE && x->op != OP_REDUCE && x->scope == SCOPE_ELEM;
+  return x->op != OP_LOAD && x->op != OP_STORE && x->op != OP_REDUCE && per_elem(x);
 }
+
+static bool is_block_reduce(const Ins *x) { return x->op == OP_REDUCE && x->to == SCOPE_BLOCK; }
+
+/* A load of a per-block buffer: expanded per element. */
+static bool is_block_load(const Graph *g, const Ins *x) { return x->op == OP_LOAD && g->bufs[x->buf].per_block; }
 
 /* `cvt` of a half tensor value to f32: read in place, widened. */
 static bool is_widen(const Graph *g, const Ins *x) {
@@ -87,7 +103,7 @@ static bool is_round(const Graph *g, const Ins *x) {
 static Type mem_type(const Prog *p, Ref r) { return (Type)p->g->ins[p->root[r]].type; }
 
 static void add_read(Prog *p, Ref a, int t) {
-  if (p->g->ins[a].scope == SCOPE_ELEM)
+  if (per_elem(&p->g->ins[a]))
     p->last_read[p->root[a]] = t;
 }
 
@@ -124,8 +140,9 @@ static void prog_init(Prog *p, const Graph *g, bool foreach) {
       uses[x->args[k]]++;
       user[x->args[k]] = i;
     }
-    p->stage[i] = x->op == OP_REDUCE ? st + 1 : st;
-    if (x->op == OP_STORE || x->op == OP_REDUCE)
+    bool phase_red = x->op == OP_REDUCE && !is_block_reduce(x);
+    p->stage[i] = phase_red ? st + 1 : st;
+    if (x->op == OP_STORE || phase_red)
       p->last = MAX(p->last, st);
     if (x->op == OP_STORE)
       stores[x->buf]++;
@@ -158,11 +175,18 @@ static void prog_init(Prog *p, const Graph *g, bool foreach) {
   for (int i = 0; i < n; i++) {
     const Ins *x = &g->ins[i];
     Task t = {.kind = K_NONE, .ins = i, .dst = i, .stage = p->stage[i]};
-    if (x->op == OP_STORE) {
-      t.kind = g->ins[x->args[0]].scope == SCOPE_ELEM ? K_COPY : K_FILL;
+    if (x->op == OP_STORE && g->bufs[x->buf].per_block) {
+      t.kind = per_elem(&g->ins[x->args[0]]) ? K_BSTORE : K_FILL;
       t.stage = p->last;
+    } else if (x->op == OP_STORE) {
+      t.kind = per_elem(&g->ins[x->args[0]]) ? K_COPY : K_FILL;
+      t.stage = p->last;
+    } else if (is_block_load(g, x)) {
+      t.kind = K_BLOAD;
+    } else if (is_block_reduce(x)) {
+      t.kind = K_BREDUCE;
     } else if (x->op == OP_REDUCE) {
-      if (g->ins[x->args[0]].scope == SCOPE_ELEM)
+      if (per_elem(&g->ins[x->args[0]]))
         t.kind = K_REDUCE;
       t.stage = p->stage[i] - 1;
     } else if (is_arith(x) && p->root[i] == i && !(uses[i] == 1 && fused_from[user[i]] == i)) {
@@ -191,11 +215,11 @@ static void prog_init(Prog *p, const Graph *g, bool foreach) {
     const Ins *y = &g->ins[t->ins];
     for (int k = 0; k < op_info[y->op].nargs; k++)
       add_read(p, y->args[k], ti);
-    if (t->kind == K_OP)
+    if (t->kind == K_OP || t->kind == K_BLOAD || t->kind == K_BREDUCE)
       p->made[t->dst] = ti;
   }
   for (int i = 0; i < n; i++)
-    if (g->ins[i].op == OP_LOAD) {
+    if (g->ins[i].op == OP_LOAD && !is_block_load(g, &g->ins[i])) {
       p->where[i] = AT_LOAD;
       p->buf[i] = g->ins[i].buf;
     }
@@ -231,7 +255,7 @@ static void prog_init(Prog *p, const Graph *g, bool foreach) {
     const Ins *y = &g->ins[p->tasks[ti].ins];
     for (int k = 0; k < op_info[y->op].nargs; k++) {
       Ref a = y->args[k];
-      if (g->ins[a].scope != SCOPE_ELEM)
+      if (!per_elem(&g->ins[a]))
         continue;
       Ref r = p->root[a];
       if (p->made[r] >= 0 && p->tasks[p->made[r]].stage < p->tasks[ti].stage)
@@ -253,14 +277,14 @@ static void prog_init(Prog *p, const Graph *g, bool foreach) {
     const Ins *y = &g->ins[t->ins];
     for (int k = 0; k < op_info[y->op].nargs; k++) {
       Ref a = y->args[k];
-      if (g->ins[a].scope != SCOPE_ELEM)
+      if (!per_elem(&g->ins[a]))
         continue;
       Ref r = p->root[a];
       if (p->last_read[r] != ti)
         continue;
       bool dup = false;
       for (int j = 0; j < k; j++)
-        dup |= y->args[j] == a || (g->ins[y->args[j]].scope == SCOPE_ELEM && p->root[y->args[j]] == r);
+        dup |= y->args[j] == a || (per_elem(&g->ins[y->args[j]]) && p->root[y->args[j]] == r);
       if (dup)
         continue;
       if (p->where[r] == AT_SLOT)
@@ -268,7 +292,7 @@ static void prog_init(Prog *p, const Graph *g, bool foreach) {
       else if (p->where[r] == AT_GROUP && foreach)
         free_groups[nfreeg++] = p->slot[r];
     }
-    if (t->kind != K_OP || p->where[t->dst] != AT_NONE)
+    if ((t->kind != K_OP && t->kind != K_BLOAD && t->kind != K_BREDUCE) || p->where[t->dst] != AT_NONE)
       continue;
     Ref r = t->dst;
     int size = type_size((Type)g->ins[r].type);
@@ -331,7 +355,10 @@ static void prog_free(Prog *p) {
 /* The eager executor's traffic per element: each pass reads each of its
  * tensor operands' memory once and writes its result's; a store that is
  * not done in place copies (reads and writes); a reduction reads its
- * operand. */
+ * operand. A per-block buffer moves its element over the block, a u4
+ * value half a byte; a block-scope value is a tensor per element here. */
+static double value_bytes(const Prog *p, Ref r) { return type_bits(mem_type(p, r)) / 8.0; }
+
 double eager_traffic(const Graph *g) {
   Prog p;
   prog_init(&p, g, false);
@@ -341,22 +368,22 @@ double eager_traffic(const Graph *g) {
     const Ins *y = &g->ins[t->ins];
     if (t->kind == K_NONE)
       continue;
-    if (t->kind == K_FILL || t->kind == K_COPY)
-      bytes += type_size((Type)g->bufs[y->buf].type);
-    if (t->kind == K_OP)
-      bytes += type_size(mem_type(&p, t->dst));
-    if (t->kind == K_FILL)
+    if (t->kind == K_FILL || t->kind == K_COPY || t->kind == K_BSTORE || t->kind == K_BLOAD)
+      bytes += buffer_elem_bytes(g, y->buf);
+    if (t->kind == K_OP || t->kind == K_BLOAD || t->kind == K_BREDUCE)
+      bytes += value_bytes(&p, t->dst);
+    if (t->kind == K_FILL || t->kind == K_BLOAD)
       continue;
     Ref seen[3] = {NOREF, NOREF, NOREF};
     for (int k = 0; k < op_info[y->op].nargs; k++) {
       Ref a = y->args[k];
-      if (g->ins[a].scope != SCOPE_ELEM)
+      if (!per_elem(&g->ins[a]))
         continue;
       Ref r = p.root[a];
       if (r == seen[0] || r == seen[1])
         continue;
       seen[k] = r;
-      bytes += type_size(mem_type(&p, r));
+      bytes += value_bytes(&p, r);
     }
   }
   prog_free(&p);
@@ -399,7 +426,15 @@ typedef struct {
  * operand or an unrounded result lives in a buffer on the stack. */
 enum { BLOCK = 1024 };
 
-static void *elem_ptr(void *base, Type t, int64_t i) { return (char *)base + i * type_size(t); }
+/* Element i of memory of type t; for u4 (two a byte) i is even: a piece
+ * and a pass start on a chunk, and chunks on even elements. */
+static void *elem_ptr(void *base, Type t, int64_t i) {
+  if (t == TY_U4) {
+    ASSERT(i % 2 == 0);
+    return (char *)base + i / 2;
+  }
+  return (char *)base + i * type_size(t);
+}
 
 /* The piece's first element in graph buffer b. */
 static void *piece_ptr(const Eager *e, int b, const Piece *pc) {
@@ -469,6 +504,8 @@ static Scalar at(Operand o, int64_t i) {
   case TY_BOOL: v.i = ((const uint8_t *)o.p)[i]; break;
   case TY_I32: v.i = ((const int32_t *)o.p)[i]; break;
   case TY_I64: v.i = ((const int64_t *)o.p)[i]; break;
+  case TY_U8: v.i = ((const uint8_t *)o.p)[i]; break;
+  case TY_U4: v.i = (((const uint8_t *)o.p)[i / 2] >> (i % 2 ? 0 : 4)) & 15; break;
   default: unreachable();
   }
   return v;
@@ -482,6 +519,12 @@ static void put(void *o, Type t, int64_t i, Scalar v) {
   case TY_BOOL: ((uint8_t *)o)[i] = (uint8_t)v.i; break;
   case TY_I32: ((int32_t *)o)[i] = (int32_t)v.i; break;
   case TY_I64: ((int64_t *)o)[i] = v.i; break;
+  case TY_U8: ((uint8_t *)o)[i] = (uint8_t)v.i; break;
+  case TY_U4: { /* element 2k in byte k's high nibble */
+    uint8_t *q = (uint8_t *)o + i / 2;
+    *q = (uint8_t)(i % 2 ? (*q & 0xf0) | (v.i & 15) : (*q & 0x0f) | (v.i & 15) << 4);
+    break;
+  }
   default: unreachable();
   }
 }
@@ -491,7 +534,7 @@ static void put(void *o, Type t, int64_t i, Scalar v) {
 static Operand operand(const Eager *e, Ref a, int64_t lo, int64_t n, float *w) {
   const Ins *x = &e->g->ins[a];
   Operand o = {.t = (Type)x->type};
-  if (x->scope != SCOPE_ELEM) {
+  if (!per_elem(x)) {
     o.s = e->step[a];
     return o;
   }
@@ -547,7 +590,11 @@ static void store_block(const Eager *e, const Task *t, const Piece *pc, int64_t 
   }
   Type mt = mem_type(&e->p, v);
   const void *src = elem_ptr(e->base[e->p.root[v]], mt, lo);
-  if (mt == bt) {
+  if (mt == bt && bt == TY_U4) {
+    Operand o = {.p = src, .t = TY_U4};
+    for (int64_t k = 0; k < n; k++)
+      put(dst, bt, k, at(o, k));
+  } else if (mt == bt) {
     memcpy(dst, src, (size_t)n * (size_t)type_size(bt));
   } else {
     bool ok = eager_cvt(dst, bt, src, mt, n);
@@ -588,6 +635,60 @@ static void reduce_chunk(Eager *e, const Task *t, int64_t c, int64_t lo) {
   e->part[c] = optc_lanes_combine(lanes, is_max);
 }
 
+/* Quant blocks of the piece's elements [lo, hi) (a thread's chunks: they
+ * start on a block). */
+static int64_t block_of(const Eager *e) { return e->g->block; }
+
+/* K_BLOAD: each element its block's value of a per-block buffer. */
+static void bload_range(const Eager *e, const Task *t, const Piece *pc, int64_t lo, int64_t hi) {
+  const Ins *x = &e->g->ins[t->ins];
+  Type ty = (Type)x->type;
+  int64_t B = block_of(e);
+  Operand src = {.p = e->tbufs[(size_t)pc->tensor * (size_t)e->g->nbufs + (size_t)x->buf], .t = ty};
+  void *dst = e->base[t->dst];
+  for (int64_t i = lo; i < hi; i++)
+    put(dst, ty, i, at(src, (pc->start + i) / B));
+}
+
+/* K_BREDUCE: each block's max (of |x| for absmax) over its elements, in f64,
+ * the default NaN where it has a NaN (interp.c), put at each of them. */
+static void breduce_range(const Eager *e, const Task *t, const Piece *pc, int64_t lo, int64_t hi) {
+  const Ins *x = &e->g->ins[t->ins];
+  int64_t B = block_of(e);
+  Ref a = x->args[0];
+  Type at_ = (Type)e->g->ins[a].type;
+  void *dst = e->base[t->dst];
+  for (int64_t b0 = lo; b0 < hi; b0 += B) {
+    int64_t b1 = MIN(b0 + B, hi);
+    double m = -INFINITY;
+    bool nan = false;
+    for (int64_t i = b0; i < b1; i++) {
+      float w;
+      double v = interp_scalar_to_double(at(operand(e, a, i, 1, &w), 0), at_);
+      if (x->red == RED_ABSMAX)
+        v = fabs(v);
+      nan |= v != v;
+      m = v > m ? v : m;
+    }
+    Scalar r = {.d = nan ? NAN : m};
+    for (int64_t i = b0; i < b1; i++)
+      put(dst, TY_F64, i, r);
+  }
+  (void)pc;
+}
+
+/* K_BSTORE: each block's value (its first element's) into a per-block buffer. */
+static void bstore_range(const Eager *e, const Task *t, const Piece *pc, int64_t lo, int64_t hi) {
+  const Ins *x = &e->g->ins[t->ins];
+  Type bt = (Type)e->g->bufs[x->buf].type;
+  int64_t B = block_of(e);
+  void *dst = e->tbufs[(size_t)pc->tensor * (size_t)e->g->nbufs + (size_t)x->buf];
+  for (int64_t b0 = lo; b0 < hi; b0 += B) {
+    float w;
+    put(dst, bt, (pc->start + b0) / B, at(operand(e, x->args[0], b0, 1, &w), 0));
+  }
+}
+
 /* Passes [t0, t1) over chunks [c0, c1) of a piece (one thread's share),
  * each pass over all those elements before the next. */
 static void run_passes(Eager *e, int t0, int t1, const Piece *pc, int64_t c0, int64_t c1) {
@@ -610,6 +711,9 @@ static void run_passes(Eager *e, int t0, int t1, const Piece *pc, int64_t c0, in
       for (int64_t c = c0; c < c1; c++)
         reduce_chunk(e, t, c, ch[c].flat - pc->flat);
       break;
+    case K_BLOAD: bload_range(e, t, pc, lo, hi); break;
+    case K_BREDUCE: breduce_range(e, t, pc, lo, hi); break;
+    case K_BSTORE: bstore_range(e, t, pc, lo, hi); break;
     }
   }
 }
@@ -716,11 +820,22 @@ int eager_run_t(const Graph *g, const GroupLayout *l, void *const *tbufs, const 
       error("eager: option '%%%s' is unresolved", g->ins[i].name);
       return -1;
     }
-  for (int i = 0; i < g->nins; i++)
-    if (g->ins[i].op == OP_REDUCE && g->ins[i].to != SCOPE_STEP) {
-      error_at(g->ins[i].pos, "eager: reductions to tensor scope are not supported; use --backend interp or cpu");
+  for (int i = 0; i < g->nins; i++) {
+    const Ins *x = &g->ins[i];
+    if (x->op == OP_REDUCE && x->to == SCOPE_TENSOR) {
+      error_at(x->pos, "eager: reductions to tensor scope are not supported; use --backend interp or cpu");
       return -1;
     }
+    if (x->op == OP_REDUCE && x->to == SCOPE_STEP && g->ins[x->args[0]].scope == SCOPE_BLOCK) {
+      error_at(x->pos, "eager: reductions of block-scope values are not supported; use --backend interp");
+      return -1;
+    }
+  }
+  if (g->block && l->align % g->block != 0) {
+    error("eager: the group's tensors start on multiples of %lld, not of the graph's block %d", (long long)l->align,
+          g->block);
+    return -1;
+  }
   Eager e = {.g = g, .l = l, .tbufs = tbufs, .inputs = args ? args->inputs : NULL, .pool = pool,
              .reducer = args ? args->reducer : NULL};
   prog_init(&e.p, g, foreach);
@@ -770,7 +885,7 @@ int eager_run_t(const Graph *g, const GroupLayout *l, void *const *tbufs, const 
     }
     t0 = t1;
     for (int r = 0; r < g->nins; r++) {
-      if (g->ins[r].op != OP_REDUCE || e.p.stage[r] != s + 1)
+      if (g->ins[r].op != OP_REDUCE || is_block_reduce(&g->ins[r]) || e.p.stage[r] != s + 1)
         continue;
       e.step[r].d = fold_partials(&e, (RedKind)g->ins[r].red);
       if (res->nred < (int)ARRAY_LEN(res->red))

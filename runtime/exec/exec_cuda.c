@@ -205,7 +205,7 @@ static bool put_table(CudaExec *x) {
   for (int t = 0; t < x->l->ntensors; t++)
     for (int b = 0; b < g->nbufs; b++)
       x->table[(size_t)t * (size_t)g->nbufs + (size_t)b] =
-          x->bufs[b] + (CUdeviceptr)(x->l->offset[t] * type_size((Type)g->bufs[b].type));
+          x->bufs[b] + (CUdeviceptr)buffer_offset(g, b, x->l->offset[t]);
   return upload_table(x);
 }
 
@@ -217,7 +217,7 @@ static bool ensure_bufs(CudaExec *x) {
   const Graph *g = x->g;
   x->own_bufs = x->have_bufs = true;
   for (int b = 0; b < g->nbufs; b++) {
-    size_t bytes = (size_t)x->l->total * (size_t)type_size(g->bufs[b].type);
+    size_t bytes = (size_t)buffer_bytes(g, b, x->l->total);
     if (!alloc(&x->bufs[b], bytes) || !CU_CHECK(cudrv.MemsetD8(x->bufs[b], 0, bytes ? bytes : 8))) {
       error("out of device memory for @%s (%lld elements)", g->bufs[b].name, (long long)x->l->total);
       free_bufs(x);
@@ -256,7 +256,7 @@ static int copy_bufs(CudaExec *x, void *const *host, bool up) {
   if (!cuda_device0() || !ensure_bufs(x))
     return -1;
   for (int b = 0; b < x->g->nbufs; b++) {
-    size_t bytes = (size_t)x->l->total * (size_t)type_size(x->g->bufs[b].type);
+    size_t bytes = (size_t)buffer_bytes(x->g, b, x->l->total);
     if (bytes && !CU_CHECK(up ? cudrv.MemcpyHtoD(x->bufs[b], host[b], bytes) : cudrv.MemcpyDtoH(host[b], x->bufs[b], bytes)))
       return -1;
   }

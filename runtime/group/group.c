@@ -15,9 +15,9 @@ bool backend_from_name(const char *s, Backend *out) {
   return false;
 }
 
-/* A 64-byte aligned, zeroed buffer for n elements of type t. */
-static void *flat_alloc(int64_t n, Type t) {
-  size_t bytes = ((size_t)n * (size_t)type_size(t) + 63) / 64 * 64;
+/* A 64-byte aligned, zeroed buffer of n bytes. */
+static void *flat_alloc(int64_t n) {
+  size_t bytes = ((size_t)n + 63) / 64 * 64;
   void *p = aligned_alloc(64, bytes ? bytes : 64);
   if (p)
     memset(p, 0, bytes ? bytes : 64);
@@ -71,9 +71,27 @@ static void convert_elems(void *dst, Type dt, const void *src, Type st, int64_t 
   }
 }
 
+/* n elements of value v; n bytes of codes for a code type (two u4 codes a byte) */
 static void fill_const(void *dst, Type t, double v, int64_t n) {
+  if (type_is_code(t)) {
+    memset(dst, t == TY_U4 ? (int)v * 17 : (int)v, (size_t)n);
+    return;
+  }
   for (int64_t i = 0; i < n; i++)
     convert_elems((char *)dst + i * type_size(t), t, &v, TY_F64, 1);
+}
+
+/* How a tensor file holds state buffer b of a param shaped p (as torchao's
+ * state_dict does): its shape, its codes as U8, a u4 state flat (two a
+ * byte), a per-block one flat (one a block). */
+static void state_shape(const Graph *g, int b, const Tensor *p, Tensor *out) {
+  const Buffer *buf = &g->bufs[b];
+  *out = *p;
+  out->dtype = buf->type == TY_U4 ? TY_U8 : (Type)buf->type;
+  if (buf->per_block || buf->type == TY_U4) {
+    out->ndim = 1;
+    out->shape[0] = out->numel = buffer_bytes(g, b, p->numel) / type_size(out->dtype);
+  }
 }
 
 static bool all_finite(const void *p, Type t, int64_t n) {
@@ -105,7 +123,7 @@ static int alloc_bufs(ParamGroup *pg) {
   pg->bufs = calloc((size_t)g->nbufs + 1, sizeof(void *));
   ASSERT(pg->bufs);
   for (int b = 0; b < g->nbufs; b++) {
-    pg->bufs[b] = flat_alloc(pg->layout.total, (Type)g->bufs[b].type);
+    pg->bufs[b] = flat_alloc(buffer_bytes(g, b, pg->layout.total));
     if (!pg->bufs[b]) {
       error("out of memory for buffer '@%s' (%lld elements)", g->bufs[b].name, (long long)pg->layout.total);
       return -1;
@@ -128,7 +146,7 @@ int group_alloc(ParamGroup *pg, const Graph *g, int n, const int64_t *numel) {
     pg->shapes[i] = (Tensor){.name = pg->names[i], .dtype = (Type)g->bufs[0].type, .ndim = 1,
                              .shape = {numel[i]}, .numel = numel[i]};
   }
-  layout_init(&pg->layout, n, numel);
+  layout_init_a(&pg->layout, n, numel, graph_align(g));
   if (alloc_bufs(pg) != 0) {
     group_free(pg);
     return -1;
@@ -213,7 +231,7 @@ int group_from_file(ParamGroup *pg, const Graph *g, const TensorFile *tf, const 
     pg->shapes[i].data = NULL;
     numel[i] = p->numel;
   }
-  layout_init(&pg->layout, n, numel);
+  layout_init_a(&pg->layout, n, numel, graph_align(g));
   free(numel);
   if (alloc_bufs(pg) != 0)
     goto out;
@@ -231,29 +249,32 @@ int group_from_file(ParamGroup *pg, const Graph *g, const TensorFile *tf, const 
       if (buf->kind != BUF_STATE)
         continue;
       Type t = (Type)buf->type;
-      void *dst = (char *)pg->bufs[b] + (size_t)off * (size_t)type_size(t);
+      void *dst = (char *)pg->bufs[b] + buffer_offset(g, b, off);
+      int64_t nelem = buf->per_block ? (params[i]->numel + g->block - 1) / g->block : params[i]->numel;
       char *sname = joined(params[i]->name, buf->name);
       const Tensor *st = tf_find(tf, sname);
       if (st) {
-        bool ok = st->dtype == t && same_shape(st, params[i]);
+        Tensor want;
+        state_shape(g, b, params[i], &want);
+        bool ok = st->dtype == want.dtype && same_shape(st, &want);
         if (!ok) {
           char ss[128], sp[128];
           shape_str(ss, sizeof ss, st);
-          shape_str(sp, sizeof sp, params[i]);
+          shape_str(sp, sizeof sp, &want);
           error("state '%s' is %s %s, but the step graph keeps it as %s %s", sname, st_dtype_name(st->dtype), ss,
-                type_names[t], sp);
+                st_dtype_name(want.dtype), sp);
           free(sname);
           goto out;
         }
-        memcpy(dst, st->data, (size_t)st->numel * (size_t)type_size(t));
+        memcpy(dst, st->data, (size_t)buffer_bytes(g, b, params[i]->numel));
         any_state = true;
       } else if (buf->init == INIT_PARAM) {
         convert_elems(dst, t, params[i]->data, params[i]->dtype, params[i]->numel);
       } else if (buf->init == INIT_INPUT) {
         Ref r = graph_find_input(g, buf->init_input);
-        fill_const(dst, t, inputs && r != NOREF ? inputs[r] : g->ins[r].imm, params[i]->numel);
+        fill_const(dst, t, inputs && r != NOREF ? inputs[r] : g->ins[r].imm, nelem);
       } else {
-        fill_const(dst, t, buf->init_value, params[i]->numel);
+        fill_const(dst, t, buf->init_value, type_is_code(t) ? buffer_bytes(g, b, params[i]->numel) : nelem);
       }
       free(sname);
     }
@@ -325,12 +346,14 @@ int group_to_file(const ParamGroup *pg, const TensorFile *in, TensorFile *out) {
       if (buf->kind == BUF_GRAD)
         continue;
       char *name = buf->kind == BUF_PARAM ? strdup(pg->names[i]) : joined(pg->names[i], buf->name);
-      Tensor *t = tf_add(out, name, (Type)buf->type, shape->ndim, shape->shape);
+      Tensor want;
+      state_shape(g, b, shape, &want);
+      Tensor *t = tf_add(out, name, want.dtype, want.ndim, want.shape);
       free(name);
       if (!t)
         return -1;
-      size_t es = (size_t)type_size(buf->type);
-      memcpy(t->data, (char *)pg->bufs[b] + (size_t)pg->layout.offset[i] * es, (size_t)t->numel * es);
+      memcpy(t->data, (char *)pg->bufs[b] + buffer_offset(g, b, pg->layout.offset[i]),
+             (size_t)buffer_bytes(g, b, shape->numel));
     }
     char *sname = joined(pg->names[i], "step");
     Tensor *st = tf_add(out, sname, TY_F32, 0, NULL);

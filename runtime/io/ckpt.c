@@ -446,7 +446,7 @@ int ckpt_dir_load(const CkptDir *d, const CkptWant *w, int n, const char *own_pr
     put_shape(&have, e->ndim, e->shape);
     if (!same)
       problem(&nbad, "%s: tensor '%s' is %s; the model needs %s", f->path, w[k].name, have.data, want.data);
-    else if (!is_float(e->dtype))
+    else if (!is_float(e->dtype) && e->dtype != w[k].dtype) /* (a quantized state's codes: as stored) */
       problem(&nbad, "%s: tensor '%s' is %s; optc reads F32, BF16, F16 or F64 weights", f->path, w[k].name, have.data);
     else {
       ASSERT(0 <= w[k].lo && w[k].lo <= w[k].hi && w[k].hi <= e->numel);

@@ -44,7 +44,8 @@ enum {
 
 static const char *const dtype_names[NUM_TYPES] = {
     [TY_BOOL] = "BOOL", [TY_I32] = "I32", [TY_I64] = "I64", [TY_F16] = "F16",
-    [TY_BF16] = "BF16", [TY_F32] = "F32", [TY_F64] = "F64",
+    [TY_BF16] = "BF16", [TY_F32] = "F32", [TY_F64] = "F64", [TY_U8] = "U8",
+    /* u4 has none: safetensors has no 4-bit dtype (a file holds its bytes as U8) */
 };
 
 const char *st_dtype_name(Type t) { return (unsigned)t < NUM_TYPES ? dtype_names[t] : NULL; }

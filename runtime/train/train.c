@@ -160,10 +160,10 @@ void rank_memory(const TrainConfig *tc, const L4Config *c, const Graph *g, int w
   for (int i = 0; i < n; i++)
     numel[i] = tt[i].numel;
   int64_t most;
-  double shard = (double)fsdp_plan(n, numel, nunits, first, world, &most) + OPTC_TENSOR_ALIGN;
+  double shard = (double)fsdp_plan(n, numel, nunits, first, world, graph_align(g), &most) + OPTC_TENSOR_ALIGN;
   *m = (RankMemory){0};
   for (int b = 0; b < g->nbufs; b++) {
-    double bytes = shard * type_size((Type)g->bufs[b].type);
+    double bytes = shard * buffer_elem_bytes(g, b); /* a quantized state: its codes, its scale per block */
     if (g->bufs[b].kind == BUF_PARAM)
       m->params += bytes;
     else if (g->bufs[b].kind == BUF_GRAD)
@@ -302,12 +302,11 @@ static const char *gather_next(Gather *gs) {
   Trainer *t = gs->t;
   Fsdp *f = &t->f;
   const GatherPiece *p = &gs->sched[gs->next];
-  Type ty = (Type)t->g->bufs[p->b].type;
-  size_t es = (size_t)type_size(ty);
   int u = fsdp_unit_of(f, p->t);
-  char *own = (char *)fsdp_part(f, p->b, u) + (size_t)(p->lo - fsdp_part_start(&f->units[u], p->r)) * es;
+  /* (a quantized state's codes and scales: a block's bytes from a block's start) */
+  char *own = (char *)fsdp_part(f, p->b, u) + fsdp_buf_bytes(f, p->b, p->lo - fsdp_part_start(&f->units[u], p->r));
   char *buf = p->r == t->rank ? own : gs->scratch;
-  if (t->world > 1 && coll_broadcast(t->coll, buf, (p->hi - p->lo) * (int64_t)es, p->r) != 0) {
+  if (t->world > 1 && coll_broadcast(t->coll, buf, fsdp_buf_bytes(f, p->b, p->hi - p->lo), p->r) != 0) {
     gs->failed = true;
     return NULL;
   }
@@ -326,16 +325,15 @@ static int gather_fill(void *ctx, const StView *v, FILE *out) {
   Gather *gs = ctx;
   Trainer *t = gs->t;
   int b = v->src_index / t->ntensors, i = v->src_index % t->ntensors;
-  size_t es = (size_t)type_size(v->dtype);
   int64_t done = 0;
   while (gs->next < gs->n && gs->sched[gs->next].b == b && gs->sched[gs->next].t == i) {
-    int64_t n = gs->sched[gs->next].hi - gs->sched[gs->next].lo;
+    size_t n = (size_t)fsdp_buf_bytes(&t->f, b, gs->sched[gs->next].hi - gs->sched[gs->next].lo);
     const char *p = gs->failed ? NULL : gather_next(gs);
-    if (!p || fwrite(p, es, (size_t)n, out) != (size_t)n)
+    if (!p || fwrite(p, 1, n, out) != n)
       return -1;
-    done += n;
+    done += (int64_t)n;
   }
-  ASSERT(done == t->f.full.numel[i]); /* the writer asked in the planned order */
+  ASSERT(done == fsdp_buf_bytes(&t->f, b, t->f.full.numel[i])); /* the writer asked in the planned order */
   return 0;
 }
 
@@ -382,7 +380,7 @@ static int save_checkpoint(Trainer *t) {
         gather_plan(&gs, b, i);
   size_t most = 0;
   for (int k = 0; k < gs.n; k++)
-    most = MAX(most, (size_t)(gs.sched[k].hi - gs.sched[k].lo) * (size_t)type_size((Type)g->bufs[gs.sched[k].b].type));
+    most = MAX(most, (size_t)fsdp_buf_bytes(f, gs.sched[k].b, gs.sched[k].hi - gs.sched[k].lo));
   int64_t short_of_memory = 0;
   if (t->world > 1) { /* every rank goes on, or none does */
     gs.scratch = coll_mem_alloc(t->coll, most + 1);
@@ -428,6 +426,11 @@ static int save_checkpoint(Trainer *t) {
       views[n] = (StView){.name = names[n], .dtype = (Type)g->bufs[b].type, .ndim = lt->ndim,
                           .src_index = b * t->ntensors + i, .fill = gather_fill, .fill_ctx = &gs};
       memcpy(views[n].shape, lt->shape, sizeof(int64_t) * (size_t)lt->ndim);
+      if (g->bufs[b].per_block || g->bufs[b].type == TY_U4) { /* flat, as the group's files hold them */
+        views[n].dtype = g->bufs[b].type == TY_U4 ? TY_U8 : (Type)g->bufs[b].type;
+        views[n].ndim = 1;
+        views[n].shape[0] = fsdp_buf_bytes(f, b, f->full.numel[i]) / type_size(views[n].dtype);
+      }
       n++;
     }
   for (int i = 0; i < t->ntensors; i++) {
@@ -492,7 +495,8 @@ static int load_optimizer(Trainer *t, const char *dir) {
   CkptWant *w = calloc((size_t)nw + 1, sizeof(CkptWant));
   char (*names)[256] = calloc((size_t)nw + 1, 256);
   float *steps = calloc((size_t)t->ntensors + 1, sizeof(float));
-  ASSERT(w && names && steps);
+  int64_t *flat = calloc((size_t)nw + 1, sizeof(int64_t)); /* a quantized state's stored length */
+  ASSERT(w && names && steps && flat);
   int n = 0;
   for (int i = 0; i < t->ntensors; i++) {
     const L4Tensor *lt = &t->tensors[i];
@@ -503,8 +507,18 @@ static int load_optimizer(Trainer *t, const char *dir) {
         continue;
       snprintf(names[n], sizeof names[n], "%s.%s", lt->name, g->bufs[b].name);
       /* the table's pointer is the tensor's element 0, for the elements this rank holds */
-      w[n] = (CkptWant){names[n], lt->ndim, lt->shape, (Type)g->bufs[b].type,
-                        f->table[(size_t)i * (size_t)g->nbufs + (size_t)b], lo, hi};
+      void *dst = f->table[(size_t)i * (size_t)g->nbufs + (size_t)b];
+      const Buffer *x = &g->bufs[b];
+      if (x->per_block || x->type == TY_U4) {
+        /* stored flat, as save_checkpoint writes it: codes two a byte, or a
+         * scale a block; this rank's pieces start on a block */
+        Type st = x->type == TY_U4 ? TY_U8 : (Type)x->type;
+        int64_t es = type_size(st);
+        flat[n] = fsdp_buf_bytes(f, b, lt->numel) / es;
+        w[n] = (CkptWant){names[n], 1, &flat[n], st, dst, fsdp_buf_bytes(f, b, lo) / es,
+                          hi > lo ? fsdp_buf_bytes(f, b, hi) / es : fsdp_buf_bytes(f, b, lo) / es};
+      } else
+        w[n] = (CkptWant){names[n], lt->ndim, lt->shape, (Type)x->type, dst, lo, hi};
       n++;
     }
     snprintf(names[n], sizeof names[n], "%s.step", lt->name);
@@ -518,6 +532,7 @@ static int load_optimizer(Trainer *t, const char *dir) {
   free(w);
   free(names);
   free(steps);
+  free(flat);
   return rc;
 }
 

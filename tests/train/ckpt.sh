@@ -5,6 +5,7 @@
 #      optimizer.safetensors, recipe_state.json, and no temporary names;
 #   2. resumed from a sharded step_N/, it continues exactly as a run that
 #      was never stopped (the same losses, bit for bit), on 1 rank and on 2;
+#      with quantized states (torchao's AdamW8bit and AdamW4bit) too;
 #   3. a run started from a checkpoint directory (checkpoint_files given by
 #      torchtune's filename_format) with lr 0 writes the same weights back:
 #      each shard byte for byte; in bf16 too (bf16 kept as stored); and an
@@ -82,6 +83,40 @@ if [ "$mpi" = yes ]; then
     cmp "$work/u2/step_8/$f" "$work/k2/step_8/$f" || fail "2 ranks: step_8/$f differs after the resume"
   done
 fi
+
+echo "== 2b. resumed with quantized states (torchao's AdamW8bit on 1 rank, AdamW4bit on 2): the same"
+# codes two a byte and a scale a block, written flat and read back into
+# each rank's pieces: the resumed run's files equal the uninterrupted one's
+resumed_same() {  # NAME NPROC OVERRIDES...
+  local name=$1 np=$2
+  shift 2
+  "$optc" run --nproc "$np" full_finetune_distributed --config "$cfg" $small "$@" max_steps=6 output_dir="$work/$name-u" \
+    2> "$work/$name-u.log" || { tail -3 "$work/$name-u.log"; fail "$name: the run failed"; }
+  "$optc" run --nproc "$np" full_finetune_distributed --config "$cfg" $small "$@" max_steps=3 output_dir="$work/$name-k" \
+    2> "$work/$name-k.log" || { tail -3 "$work/$name-k.log"; fail "$name: the run failed"; }
+  "$optc" run --nproc "$np" full_finetune_distributed --config "$cfg" $small "$@" max_steps=6 output_dir="$work/$name-k" \
+    resume_from_checkpoint=true 2> "$work/$name-r.log" || { tail -3 "$work/$name-r.log"; fail "$name: the resume failed"; }
+  a=$(losses "$work/$name-u/logs/metrics.jsonl" 6); b=$(losses "$work/$name-k/logs/metrics.jsonl" 6)
+  echo "$name, uninterrupted: $a"; echo "$name, resumed:       $b"
+  [ "$a" = "$b" ] || fail "$name: the resumed run's losses differ"
+  for f in $(cd "$work/$name-u/step_6" && ls *.safetensors); do
+    cmp "$work/$name-u/step_6/$f" "$work/$name-k/step_6/$f" || fail "$name: step_6/$f differs after the resume"
+  done
+}
+resumed_same adamw8bit 1 optimizer._component_=torchao.optim.AdamW8bit
+[ "$mpi" = yes ] && resumed_same adamw4bit 2 optimizer._component_=torchao.optim.AdamW4bit
+"$python" - "$work/adamw8bit-u/step_6/optimizer.safetensors" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+k = "model.layers.0.self_attn.q_proj.weight"
+codes, scale = h[k + ".exp_avg"], h[k + ".exp_avg.scale"]
+n = 1
+for d in codes["shape"]:
+    n *= d
+assert codes["dtype"] == "U8" and scale["dtype"] == "F32" and scale["shape"] == [(n + 255) // 256], (codes, scale)
+print("optimizer.safetensors: %s.exp_avg U8 %s, its scale F32 %s" % (k, codes["shape"], scale["shape"]))
+PY
 
 echo "== 3. started from a checkpoint directory, lr 0: the weights come back unchanged"
 files="checkpointer.checkpoint_files={filename_format: \"model-{}-of-{}.safetensors\", max_filename: \"$(printf %05d "$n")\"}"

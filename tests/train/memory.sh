@@ -6,7 +6,7 @@
 # checkpoint), on a ~30M-param Scout-shaped config, in fp32 for 1 rank
 # and, with MPI, 2 and 3, and in bf16 (f32 copies of the units in use) for
 # 1 and 2 (and with fsdp_overlap, and activation checkpointing, which
-# must hold less), each within 10%. With MPI, a 196M-param one too, on 1 and 2
+# must hold less; and with AdamW8bit's quantized states), each within 10%. With MPI, a 196M-param one too, on 1 and 2
 # ranks: within 10%, and two ranks' peak below 60% of one's (FSDP shards
 # params, grads and states at rest).
 #   memory.sh OPTC PYTHON ROOT [MPI yes|no] [SANITIZE]
@@ -24,15 +24,17 @@ overlap="$small fsdp_overlap=true"
 # with activation checkpointing: one layer's activations, batch 8 (more activations to save)
 checkpointed="$small enable_activation_checkpointing=true batch_size=8"
 kept="$small batch_size=8"
+# quantized states (torchao's AdamW8bit): codes a byte an element, a scale a block
+lowbit="$small optimizer._component_=torchao.optim.AdamW8bit"
 # 196M params in 26 units, none over 8M: the shards dominate, as in a real model
 big="model.num_layers=24 model.num_heads=6 model.num_kv_heads=2 model.embed_dim=384 model.hidden_dim=384
      model.vocab_size=8192 max_steps=2 dataset.holdout_fraction=0 batch_size=1"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-cases="small:1:fp32 small:1:bf16"
+cases="small:1:fp32 small:1:bf16 lowbit:1:bf16"
 [ "$mpi" = yes ] && cases="small:1:fp32 small:2:fp32 small:3:fp32 small:1:bf16 small:2:bf16 overlap:2:bf16 kept:2:fp32
-  checkpointed:2:fp32 big:1:fp32 big:2:fp32"
+  checkpointed:2:fp32 lowbit:1:bf16 lowbit:2:bf16 big:1:fp32 big:2:fp32"
 failed=0
 for c in $cases; do
   size=${c%%:*} rest=${c#*:}

@@ -43,7 +43,8 @@ scale_grads_ and clip_grad_norm_ inside the step (see its docstring), and
 _optimizer.py; optc.torch.integrations holds the adapters for torchtitan
 and HF Trainer.
 """
+from ._lowbit import AdamW4bit, AdamW8bit, QuantState
 from ._optimizer import torch_cpu
 from ._optimizers import SGD, Adagrad, Adam, AdamW, Lion, RMSprop
 
-__all__ = ["AdamW", "Adam", "SGD", "Adagrad", "RMSprop", "Lion", "torch_cpu"]
+__all__ = ["AdamW", "Adam", "SGD", "Adagrad", "RMSprop", "Lion", "AdamW8bit", "AdamW4bit", "QuantState", "torch_cpu"]

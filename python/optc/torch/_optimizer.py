@@ -40,8 +40,9 @@ OPTC_DTYPE = {torch.float32: _capi.OPTC_F32, torch.bfloat16: _capi.OPTC_BF16, to
 NONFINITE = {"propagate": _capi.OPTC_NONFINITE_PROPAGATE, "skip": _capi.OPTC_NONFINITE_SKIP,
              "error": _capi.OPTC_NONFINITE_ERROR}
 _CLIP_NAMES = {_capi.OPTC_CLIP_NONE: "none", _capi.OPTC_CLIP_NORM: "norm", _capi.OPTC_CLIP_GIVEN: "given"}
-_BOOLS = {"amsgrad", "maximize", "nesterov", "centered"}
+_BOOLS = {"amsgrad", "maximize", "nesterov", "centered", "stochastic_rounding", "kahan"}
 _STEP_CTYPES = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
+_LOW = (torch.bfloat16, torch.float16)
 _STRIDED = torch.strided
 disable_dynamo = getattr(torch, "_disable_dynamo", lambda f: f)
 
@@ -107,6 +108,8 @@ class ParamState(NamedTuple):
     step: float  # the step count the program runs with (after torch's increment)
     bump: Optional[torch.Tensor]  # torch's step tensor, incremented after the step; None: none
     new: tuple  # ((name, tensor), ...): put into self.state[p] once the step is taken
+    state_dtype: Optional[int] = None  # the program's state dtype (OPTC_U8, OPTC_U4: quantized states);
+    #                                    None: the state tensors' own
 
 
 class Layout(NamedTuple):
@@ -127,11 +130,14 @@ class ProgramKey(NamedTuple):
     group: int  # each param group has its own programs (a program keeps its last tensor table)
 
 
-def layout_of(device, pdtype, sdtype, build):
+def layout_of(device, pdtype, sdtype, build, state_code=None):
+    """state_code: the program's state dtype as optc's code, where it is not
+    a torch dtype (quantized states)."""
     cuda = device.type == "cuda"
     flags = tuple(n if n in _BOOLS else f"nonzero({n})" for n, v in build.options if v != 0)
     return Layout(_capi.OPTC_TARGET_CUDA if cuda else _capi.OPTC_TARGET_CPU, device.index if cuda else None,
-                  build.optimizer, OPTC_DTYPE[pdtype], OPTC_DTYPE[sdtype], bool(build.fused), flags)
+                  build.optimizer, OPTC_DTYPE[pdtype], OPTC_DTYPE[sdtype] if state_code is None else state_code,
+                  bool(build.fused), flags)
 
 
 class Where(NamedTuple):
@@ -198,9 +204,24 @@ class OptcOptimizer:
 
     # ---- setup ----------------------------------------------------------------------------
 
-    def _optc_setup(self, nonfinite, threads, in_backward=False, max_norm=None, speculate=False):
+    def _optc_setup(self, nonfinite, threads, in_backward=False, max_norm=None, speculate=False,
+                    stochastic_rounding=False, seed=0, compensation=None):
         if nonfinite not in NONFINITE:
             raise ValueError(f"nonfinite must be 'propagate', 'skip' or 'error', not {nonfinite!r}")
+        if compensation not in (None, "none", "kahan"):
+            raise ValueError(f"compensation must be None or 'kahan', not {compensation!r}")
+        if compensation == "kahan" and stochastic_rounding:
+            raise ValueError("compensation='kahan' and stochastic_rounding=True both keep the small updates a 16-bit "
+                             "param loses; choose one")
+        if not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
+            raise ValueError(f"seed must be an int in [0, 2**32), not {seed!r}")
+        # 16-bit params only: a bf16 or fp16 param rounded stochastically
+        # (from a stream keyed on seed, the step and the element: the same
+        # bits every run), or its rounding error kept in a state of its
+        # dtype (compensation='kahan': state 'kahan_comp')
+        self._optc_sr = bool(stochastic_rounding)
+        self._optc_seed = int(seed)
+        self._optc_kahan = compensation == "kahan"
         if threads is not None and (not isinstance(threads, int) or threads < 0):
             raise ValueError(f"threads must be None or an int >= 0, not {threads!r}")
         for group in self.param_groups:
@@ -247,6 +268,7 @@ class OptcOptimizer:
         s["_optc_max_norm"] = self._optc_max_norm
         s["_optc_in_backward"] = None if self._optc_inbwd is None else {"speculate": self._optc_inbwd.speculate}
         s["skipped_steps"] = self.skipped_steps
+        s["_optc_sr"], s["_optc_seed"], s["_optc_kahan"] = self._optc_sr, self._optc_seed, self._optc_kahan
         return s
 
     def __setstate__(self, state):
@@ -258,6 +280,9 @@ class OptcOptimizer:
         self.__dict__.setdefault("skipped_steps", 0)
         self.__dict__.setdefault("last_grad_norm", None)
         self.__dict__.setdefault("_optc_pending_scale", None)
+        self.__dict__.setdefault("_optc_sr", False)
+        self.__dict__.setdefault("_optc_seed", 0)
+        self.__dict__.setdefault("_optc_kahan", False)
         if "_optc_programs" not in self.__dict__:
             self._optc_init_cache()
         self._step_supports_amp_scaling = False
@@ -502,18 +527,22 @@ class OptcOptimizer:
                 or not lg.is_contiguous() or (dev < 0 and not (lp.is_cpu and lg.is_cpu))):
             check_pair(self, lp, lg, where)
         st = self._optc_state(group, p, g)
+        if (self._optc_sr or self._optc_kahan) and pdt in _LOW:
+            b = self._optc_low_build(b)
+            if self._optc_kahan:
+                st = self._optc_kahan_state(p, st)
         local_states = tuple(_dist.local(t) for t in st.tensors)
         ids = tuple(map(id, st.tensors))
         old = self._optc_seen.get(id(p))
         if old is None or old[1] != ids or old[0] is not p:
-            check_states(self, lp, st.names, local_states, where)
+            self._optc_check_states(lp, st, local_states, where)
             self._optc_seen[id(p)] = (p, ids, st.tensors)  # kept alive, so that their ids stay theirs
         sdtype = local_states[0].dtype if local_states else pdt
         rk = (gi, dev, pdt, sdtype, st.step, st.names, reduce)
         run = runs.get(rk)
         if run is None:
-            run = runs[rk] = Run(gi, layout_of(lp.device, pdt, sdtype, b), b.options, st.step, lp.device,
-                                 st.names, reduce)
+            run = runs[rk] = Run(gi, layout_of(lp.device, pdt, sdtype, b, st.state_dtype), b.options, st.step,
+                                 lp.device, st.names, reduce)
             order.append(run)
         run.owners.append(p)
         if lp.numel():
@@ -530,6 +559,38 @@ class OptcOptimizer:
             run.bumps.append(st.bump)
         for nm, t in st.new:
             run.new_states.append((p, nm, t))
+
+    def _optc_check_states(self, lp, st, local_states, where):
+        """Raises where a param's state tensors do not fit it (a subclass with
+        states of other shapes checks its own)."""
+        check_states(self, lp, st.names, local_states, where)
+
+    def _optc_low_build(self, b):
+        """The Build of a 16-bit param's program with stochastic rounding or
+        Kahan compensation (build[0] is the group's)."""
+        if self._optc_sr and not b.fused and not b.optimizer.startswith("torchao."):
+            raise ValueError(f"{type(self).__name__}: stochastic_rounding=True with torch's for-loop bits: those "
+                             f"round a 16-bit param to nearest after every op, as torch's for-loop does, so a last "
+                             f"stochastic rounding has nothing left to round; give fused=True (one rounding, "
+                             f"stochastic)")
+        key = (b, self._optc_sr, self._optc_kahan)
+        cached = getattr(self, "_optc_low_builds", None)
+        if cached is None:
+            cached = self._optc_low_builds = {}
+        nb = cached.get(key)
+        if nb is None:
+            extra = (("stochastic_rounding", 1),) if self._optc_sr else (("kahan", 1),)
+            nb = cached[key] = b._replace(options=b.options + extra)
+        return nb
+
+    def _optc_kahan_state(self, p, st):
+        """st with state 'kahan_comp': the rounding error a 16-bit param lost
+        (zeros_like(p) at first, kept in self.state[p])."""
+        state = self.state[p]
+        comp = state.get("kahan_comp")
+        if comp is None:
+            comp = state["kahan_comp"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return st._replace(names=st.names + ("kahan_comp",), tensors=st.tensors + (comp,))
 
     def _optc_collect(self, exclude=None):
         """The runs of this step (every param with a grad, but those whose id
@@ -675,7 +736,8 @@ class OptcOptimizer:
     def _optc_norm_program(self, r):
         """optc.grad_norm for run r's layout: measures, writes nothing."""
         lay = r.layout
-        k = ProgramKey(lay._replace(optimizer="optc.grad_norm", fused=False, flags=()), _capi.OPTC_CLIP_NONE,
+        k = ProgramKey(lay._replace(optimizer="optc.grad_norm", fused=False, flags=(), state_dtype=lay.param_dtype),
+                       _capi.OPTC_CLIP_NONE,
                        "propagate", r.group_index)
         return self._optc_program(k, (), _where_of(r))
 
@@ -699,7 +761,9 @@ class OptcOptimizer:
         grad = (ctypes.c_void_p * n)(*[g.data_ptr() for g in r.grads])
         state = (ctypes.c_void_p * max(1, len(sptr)))(*sptr)
         if "torch_threads" not in prog.scalars:  # only torch's for-loop bodies read it
-            del scalars["torch_threads"]
+            scalars.pop("torch_threads", None)
+        if "seed" in prog.scalars:  # stochastic rounding's stream
+            scalars["seed"] = float(self._optc_seed)
         try:
             if r.device.type == "cuda":
                 with torch.cuda.device(r.device):

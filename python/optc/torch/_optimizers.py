@@ -76,11 +76,13 @@ class Adam(_AdamBase, torch.optim.Adam):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
                  foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
-                 decoupled_weight_decay=False, nonfinite="propagate", threads=None, in_backward=False, max_norm=None, speculate=False):
+                 decoupled_weight_decay=False, nonfinite="propagate", threads=None, in_backward=False, max_norm=None, speculate=False,
+                 stochastic_rounding=False, seed=0, compensation=None):
         torch.optim.Adam.__init__(self, params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
                                   maximize=maximize, capturable=capturable, differentiable=differentiable,
                                   fused=fused, decoupled_weight_decay=decoupled_weight_decay)
-        self._optc_setup(nonfinite, threads, in_backward, max_norm, speculate)
+        self._optc_setup(nonfinite, threads, in_backward, max_norm, speculate, stochastic_rounding, seed,
+                         compensation)
 
 
 class AdamW(_AdamBase, torch.optim.AdamW):
@@ -88,11 +90,13 @@ class AdamW(_AdamBase, torch.optim.AdamW):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
-                 nonfinite="propagate", threads=None, in_backward=False, max_norm=None, speculate=False):
+                 nonfinite="propagate", threads=None, in_backward=False, max_norm=None, speculate=False,
+                 stochastic_rounding=False, seed=0, compensation=None):
         torch.optim.AdamW.__init__(self, params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
                                    foreach=foreach, capturable=capturable, differentiable=differentiable,
                                    fused=fused)
-        self._optc_setup(nonfinite, threads, in_backward, max_norm, speculate)
+        self._optc_setup(nonfinite, threads, in_backward, max_norm, speculate, stochastic_rounding, seed,
+                         compensation)
 
 
 class SGD(OptcOptimizer, torch.optim.SGD):
@@ -101,10 +105,12 @@ class SGD(OptcOptimizer, torch.optim.SGD):
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
                  maximize=False, foreach=None, differentiable=False, fused=None, nonfinite="propagate",
-                 threads=None, in_backward=False, max_norm=None, speculate=False):
+                 threads=None, in_backward=False, max_norm=None, speculate=False,
+                 stochastic_rounding=False, seed=0, compensation=None):
         torch.optim.SGD.__init__(self, params, lr, momentum, dampening, weight_decay, nesterov, maximize=maximize,
                                  foreach=foreach, differentiable=differentiable, fused=fused)
-        self._optc_setup(nonfinite, threads, in_backward, max_norm, speculate)
+        self._optc_setup(nonfinite, threads, in_backward, max_norm, speculate, stochastic_rounding, seed,
+                         compensation)
 
     def _optc_build(self, group):
         return Build("torch.optim.SGD", bool(group["fused"]), (("nesterov", int(bool(group["nesterov"]))),
@@ -137,10 +143,12 @@ class Adagrad(OptcOptimizer, torch.optim.Adagrad):
 
     def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10,
                  foreach=None, *, maximize=False, differentiable=False, fused=None, nonfinite="propagate",
-                 threads=None, in_backward=False, max_norm=None, speculate=False):
+                 threads=None, in_backward=False, max_norm=None, speculate=False,
+                 stochastic_rounding=False, seed=0, compensation=None):
         torch.optim.Adagrad.__init__(self, params, lr, lr_decay, weight_decay, initial_accumulator_value, eps,
                                      foreach, maximize=maximize, differentiable=differentiable, fused=fused)
-        self._optc_setup(nonfinite, threads, in_backward, max_norm, speculate)
+        self._optc_setup(nonfinite, threads, in_backward, max_norm, speculate, stochastic_rounding, seed,
+                         compensation)
 
     def _optc_build(self, group):
         return Build("torch.optim.Adagrad", bool(group["fused"]), (("maximize", int(bool(group["maximize"]))),
@@ -174,10 +182,12 @@ class RMSprop(OptcOptimizer, torch.optim.RMSprop):
 
     def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0, centered=False,
                  capturable=False, foreach=None, maximize=False, differentiable=False, *, nonfinite="propagate",
-                 threads=None, in_backward=False, max_norm=None, speculate=False):
+                 threads=None, in_backward=False, max_norm=None, speculate=False,
+                 stochastic_rounding=False, seed=0, compensation=None):
         torch.optim.RMSprop.__init__(self, params, lr, alpha, eps, weight_decay, momentum, centered, capturable,
                                      foreach, maximize, differentiable)
-        self._optc_setup(nonfinite, threads, in_backward, max_norm, speculate)
+        self._optc_setup(nonfinite, threads, in_backward, max_norm, speculate, stochastic_rounding, seed,
+                         compensation)
 
     def _optc_build(self, group):
         return Build("torch.optim.RMSprop", False, (("centered", int(bool(group["centered"]))),
@@ -220,7 +230,8 @@ class Lion(OptcOptimizer, torch.optim.Optimizer):
     is not supported (optc gives update_fn's bits)."""
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, use_triton=False,
-                 decoupled_weight_decay=False, *, nonfinite="propagate", threads=None, in_backward=False, max_norm=None, speculate=False):
+                 decoupled_weight_decay=False, *, nonfinite="propagate", threads=None, in_backward=False, max_norm=None, speculate=False,
+                 stochastic_rounding=False, seed=0, compensation=None):
         # lion-pytorch asserts these; torch's optimizers raise ValueError
         if not float(lr) > 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
@@ -235,7 +246,8 @@ class Lion(OptcOptimizer, torch.optim.Optimizer):
         self._init_lr = lr
         self.decoupled_wd = decoupled_weight_decay
         torch.optim.Optimizer.__init__(self, params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
-        self._optc_setup(nonfinite, threads, in_backward, max_norm, speculate)
+        self._optc_setup(nonfinite, threads, in_backward, max_norm, speculate, stochastic_rounding, seed,
+                         compensation)
         self._optc_lion_steps = 0
 
     def __setstate__(self, state):
