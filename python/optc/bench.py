@@ -46,6 +46,31 @@ competitor's optimizer (its states: half of --gib) stays alive until all
 three cases have run. optc's
 first step (its states' allocation, its compile with the disk cache off,
 and the step) is reported too.
+
+--lowbit adds, after the dtypes' cases, quantized states against bf16
+ones, bf16 params and grads, in turns as above (competitors: LOWBIT):
+
+  torch fused bf16   torch.optim.AdamW(fused=True), bf16 states: the
+                     reference of the "x fused" column
+  optc bf16          optc.torch.AdamW, bf16 states
+  optc 8-bit/4-bit   optc.torch.AdamW8bit/AdamW4bit
+  torchao 8-bit/4-bit  torchao.optim.AdamW8bit/AdamW4bit (each param's
+                     step compiled by torch.compile, one graph a shape)
+
+on the mix with each tensor of at least 4096 elements rounded to a
+multiple of 256 elements, the one shape torchao (and optc, which follows
+it) quantizes: scaled_mix's own sizes are never multiples of the block,
+so no state of the plain mix is quantized. State bytes count every
+tensor in opt.state (codes, scales, torchao's per-state code book,
+plain states, steps). Each competitor's first step and the peaks run in
+a fresh process (--lowbit-probe) whose torch.compile cache
+(TORCHINDUCTOR_CACHE_DIR) and optc kernel cache (XDG_CACHE_HOME) are
+fresh, empty directories: the first step includes torchao's compile and
+optc's. A peak is the growth of the process's resident set over a step:
+VmHWM, reset through /proc/self/clear_refs, less VmRSS before the step,
+with glibc's mmap threshold fixed (MALLOC_MMAP_THRESHOLD_=65536) so that
+a freed temporary leaves the resident set rather than staying in the heap
+for the next step to reuse unseen.
 """
 import argparse
 import functools
@@ -55,7 +80,9 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -344,6 +371,180 @@ def bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out):
         torch._dynamo.reset()
 
 
+# ---- low-bit states (--lowbit) -------------------------------------------------------------------
+
+LOWBIT = ["fused-bf16", "optc-bf16", "optc-8bit", "optc-4bit", "torchao-8bit", "torchao-4bit"]
+LOWBIT_LABELS = {"fused-bf16": "torch fused bf16", "optc-bf16": "optc bf16", "optc-8bit": "optc 8-bit",
+                 "optc-4bit": "optc 4-bit", "torchao-8bit": "torchao 8-bit", "torchao-4bit": "torchao 4-bit"}
+LOWBIT_THRESHOLD = 4096  # torchao quantizes a tensor of at least this many elements ...
+LOWBIT_BLOCK = 256  # ... that are a multiple of its block (8-bit's; 4-bit's 128 divides it)
+
+
+def lowbit_sizes(gib):
+    """bench_dtype's bf16 mix (params, grads and two bf16 states fill gib
+    GiB), each tensor of at least LOWBIT_THRESHOLD elements rounded to the
+    nearest multiple of LOWBIT_BLOCK: the tensors torchao quantizes."""
+    n = int(gib * (1 << 30)) // 8 + 1
+    B = LOWBIT_BLOCK
+    return [(k + B // 2) // B * B if k >= LOWBIT_THRESHOLD else k for k in scaled_mix(n)]
+
+
+def lowbit_params(torch, sizes):
+    """bf16 params ~ U(-1, 1), each with a bf16 grad ~ U(-0.01, 0.01), made one
+    at a time (no f32 copy of the whole mix raises the resident set's peak)."""
+    gen = torch.Generator().manual_seed(12345)
+    params = []
+    for k in sizes:
+        p = torch.nn.Parameter(torch.empty(k).uniform_(-1, 1, generator=gen).to(torch.bfloat16))
+        p.grad = torch.empty(k).uniform_(-0.01, 0.01, generator=gen).to(torch.bfloat16)
+        params.append(p)
+    return params
+
+
+def lowbit_optimizer(torch, otorch, comp, params, hyper):
+    if comp == "fused-bf16":
+        return torch.optim.AdamW(params, **hyper, fused=True)
+    if comp == "optc-bf16":
+        return otorch.AdamW(params, **hyper)
+    if comp in ("optc-8bit", "optc-4bit"):
+        return (otorch.AdamW8bit if comp == "optc-8bit" else otorch.AdamW4bit)(params, **hyper)
+    import torchao.optim
+    return (torchao.optim.AdamW8bit if comp == "torchao-8bit" else torchao.optim.AdamW4bit)(params, **hyper)
+
+
+def state_bytes(torch, opt):
+    """Bytes of the storage behind every tensor of opt.state, each storage
+    once: a quantized state's codes and scale (and torchao's qmap), a plain
+    state, each param's step."""
+    seen = {}
+    for st in opt.state.values():
+        for v in st.values():
+            parts = [getattr(v, a) for a in ("codes", "scale", "qmap") if torch.is_tensor(getattr(v, a, None))]
+            for t in parts or ([v] if torch.is_tensor(v) else []):
+                s = t.untyped_storage()
+                seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def _vm(field):
+    """/proc/self/status's field (VmRSS, VmHWM) in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _peak_growth(fn):
+    """(seconds fn() took, how far the resident set rose above where it
+    was before fn(): VmHWM, reset first, less VmRSS)."""
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to VmRSS (Linux 4.0)
+    rss = _vm("VmRSS")
+    t0 = time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t0
+    return dt, _vm("VmHWM") - rss
+
+
+def lowbit_probe(torch, otorch, comp, gib, hyper):
+    """One competitor in this (fresh) process: its first step (states, any
+    compile, the step), then a steady step (the third): times, peaks and
+    state bytes."""
+    params = lowbit_params(torch, lowbit_sizes(gib))
+    opt = lowbit_optimizer(torch, otorch, comp, params, hyper)
+    first_s, first_peak = _peak_growth(opt.step)
+    opt.step()
+    step_s, step_peak = _peak_growth(opt.step)
+    return dict(first_step_ms=first_s * 1e3, first_step_peak_bytes=first_peak, probe_step_ms=step_s * 1e3,
+                step_peak_bytes=step_peak, state_bytes=state_bytes(torch, opt))
+
+
+def _probe_in_fresh_process(comp, gib, threads, tmp):
+    """lowbit_probe in a new python with empty torch.compile and optc caches
+    under tmp/comp: its result, and the inductor cache it filled."""
+    import optc
+    inductor = os.path.join(tmp, comp, "inductor")
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=inductor, XDG_CACHE_HOME=os.path.join(tmp, comp, "xdg"),
+               MALLOC_MMAP_THRESHOLD_="65536")
+    env.pop("OPTC_CACHE", None)  # optc's disk cache on, and empty
+    root = os.path.dirname(os.path.dirname(os.path.abspath(optc.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "optc.bench", "--lowbit-probe", comp, "--gib", repr(gib), "--threads", str(threads)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-4000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1]), inductor
+
+
+def bench_lowbit(torch, otorch, args, comps, hyper, out):
+    """LOWBIT's competitors on bf16 params: each one's first step and peaks
+    in a fresh process, then their steady steps here in turns; printed and
+    put in out["lowbit"]."""
+    sizes = lowbit_sizes(args.gib)
+    total = sum(sizes)
+    quantized = sum(k for k in sizes if k >= LOWBIT_THRESHOLD)
+    threads = torch.get_num_threads()
+    print(f"\nlow-bit states, bf16 params and grads: {total:,} elements in {len(sizes)} tensors (the mix, each tensor "
+          f"of >= {LOWBIT_THRESHOLD} elements rounded to a multiple of {LOWBIT_BLOCK}: {100 * quantized / total:.1f}% "
+          f"of the elements in quantizable tensors, {len(set(sizes))} distinct sizes)")
+    res = {}
+    old_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="optc-bench-lowbit-") as tmp:
+        inductor = {}
+        for comp in comps:
+            t0 = time.perf_counter()
+            res[comp], inductor[comp] = _probe_in_fresh_process(comp, args.gib, threads, tmp)
+            print(f"  {LOWBIT_LABELS[comp]}: first step in a fresh process {res[comp]['first_step_ms']:.1f} ms "
+                  f"(the process: {time.perf_counter() - t0:.1f} s)")
+        params = lowbit_params(torch, sizes)
+        ceiling = Ceiling(torch, total * 8)
+        steps, keep = {}, []
+        for comp in comps:
+            gc.collect()
+            if comp.startswith("torchao"):  # its probe's inductor cache: a shorter compile here
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor[comp]
+            opt = lowbit_optimizer(torch, otorch, comp, params, hyper)
+            opt.step()
+            res[comp]["state_bytes_here"] = state_bytes(torch, opt)
+            steps[comp] = opt.step
+            keep.append(opt)
+        ms, ceils = in_turns(steps, ceiling.once, args.reps, args.warmup, lambda: None)
+        del keep, steps, ceiling, params
+        torch._dynamo.reset()
+        if old_cache is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_cache
+    mib = 1 << 20
+    print(f"  in turns, {args.reps} rounds (ceiling median {statistics.median(ceils):.1f} GB/s); 'x fused': the "
+          f"median over rounds of the step's time over torch fused bf16's. First step and peaks: a fresh process a "
+          f"competitor, torch.compile's (TORCHINDUCTOR_CACHE_DIR) and optc's (XDG_CACHE_HOME) disk caches cold; a peak "
+          f"is the resident set's growth over the step (VmHWM less VmRSS before), the first step's including its "
+          f"states and compile")
+    print(f"  {'':18s} {'ms/step':>9s} {'min':>8s} {'max':>8s} {'x fused':>8s} {'state B/param':>13s} "
+          f"{'step peak MiB':>13s} {'first step ms':>13s} {'first peak MiB':>14s}")
+    for comp in comps:
+        r = res[comp]
+        r.update(summary(ms[comp]), rounds_ms=ms[comp], label=LOWBIT_LABELS[comp],
+                 x_fused=statistics.median(t / u for t, u in zip(ms[comp], ms["fused-bf16"])),
+                 state_bytes_per_param=r["state_bytes"] / total)
+        print(f"  {r['label']:18s} {r['ms']:9.1f} {r['ms_min']:8.1f} {r['ms_max']:8.1f} {r['x_fused']:7.2f}x "
+              f"{r['state_bytes_per_param']:13.3f} {r['step_peak_bytes'] / mib:13.1f} {r['first_step_ms']:13.1f} "
+              f"{r['first_step_peak_bytes'] / mib:14.1f}")
+    out["lowbit"] = dict(
+        dtype="bf16", elements=total, tensors=len(sizes), quantizable_elements=quantized, sizes_rounded_to=LOWBIT_BLOCK,
+        threshold=LOWBIT_THRESHOLD, reps=args.reps, ceiling_gbs=statistics.median(ceils), ceiling_rounds_gbs=ceils,
+        x_fused="median over rounds of ms / fused-bf16's ms",
+        first_step="a fresh python process per competitor; TORCHINDUCTOR_CACHE_DIR and XDG_CACHE_HOME (optc's kernel "
+                   "cache, OPTC_CACHE unset) fresh empty directories; includes the states' allocation and any compile",
+        peak="resident set growth over the step in that process: VmHWM (reset via /proc/self/clear_refs) less VmRSS "
+             "before; MALLOC_MMAP_THRESHOLD_=65536; step_peak over its third step, first_step_peak over its first",
+        state="bytes of every storage in opt.state (codes, scales, torchao's qmap, plain states, steps) over elements",
+        results=res)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m optc.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--gib", type=float, default=1.0, help="GiB of params, grads and states (default 1)")
@@ -356,8 +557,20 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None, help="torch's (and optc's) threads (default torch's)")
     ap.add_argument("--warm-cache", action="store_true",
                     help="let optc's first step use its disk cache (default: first step compiles cold)")
+    ap.add_argument("--lowbit", nargs="?", const=",".join(LOWBIT), metavar="LIST",
+                    help="also quantized states against bf16 ones: a comma list of " + ", ".join(LOWBIT) +
+                         " (default all; fused-bf16 always)")
+    ap.add_argument("--lowbit-probe", choices=LOWBIT, help=argparse.SUPPRESS)  # --lowbit's fresh process
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     args = ap.parse_args(argv)
+    hyper = dict(lr=2e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    if args.lowbit_probe:
+        import torch
+        import optc.torch as otorch
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        print(json.dumps(lowbit_probe(torch, otorch, args.lowbit_probe, args.gib, hyper)))
+        return 0
     sys.stdout.reconfigure(line_buffering=True)  # progress shows as it runs, also into a file
     comps = [c for c in args.competitors.split(",") if c]
     for c in comps:
@@ -371,6 +584,12 @@ def main(argv=None):
     for d in dtypes:
         if d not in ("fp32", "bf16"):
             ap.error(f"unknown dtype {d!r}; expected fp32 or bf16")
+    lowbit = [c for c in (args.lowbit or "").split(",") if c]
+    for c in lowbit:
+        if c not in LOWBIT:
+            ap.error(f"unknown low-bit competitor {c!r}; expected {', '.join(LOWBIT)}")
+    if lowbit and "fused-bf16" not in lowbit:
+        lowbit.insert(0, "fused-bf16")
     if args.reps < 1 or args.warmup < 0 or args.gib <= 0:
         ap.error("--reps >= 1, --warmup >= 0, --gib > 0")
     if not args.warm_cache:
@@ -390,11 +609,12 @@ def main(argv=None):
           f"{threads} thread{'s' * (threads != 1)} on {machine['cpu']}")
     print(f"  torch {torch.__version__} ({machine['torch_cpu_capability']}), optc {optc.library_version}")
     out = dict(machine=machine, gib=args.gib, reps=args.reps, warmup=args.warmup, cases=[], compile_s={})
-    hyper = dict(lr=2e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
     for dname in dtypes:
         bench_dtype(torch, otorch, capi, dname, args, comps, hyper, out)
         gc.collect()
+    if lowbit:
+        bench_lowbit(torch, otorch, args, lowbit, hyper, out)
 
     if args.json:
         tmp = args.json + ".tmp"

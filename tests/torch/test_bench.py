@@ -120,3 +120,49 @@ def test_gpu_offload_script_on_the_cpu(tmp_path):
     assert set(got) == {"torch", "optc", "optc-inbwd"}
     assert got["optc"]["losses_equal_torch"] and got["optc-inbwd"]["losses_equal_torch"]
     assert len(set(s["loss"] for s in got["torch"]["steps"])) == 2, "the model did not train"
+
+
+def test_lowbit_sizes_quantize_most_bytes():
+    """The low-bit mix: tensors torchao quantizes (>= 4096 elements, a
+    multiple of its block) hold nearly every element; the plain mix's hold
+    none."""
+    for gib in (0.25, 1.0):
+        sizes = bench.lowbit_sizes(gib)
+        plain = bench.scaled_mix(int(gib * (1 << 30)) // 8 + 1)
+        assert len(sizes) == len(plain) == 627
+        assert not [k for k in plain if k >= 4096 and k % 256 == 0]
+        quantized = sum(k for k in sizes if k >= 4096 and k % 256 == 0)
+        assert quantized > 0.99 * sum(sizes)
+        assert all(abs(k - k0) <= 128 for k, k0 in zip(sizes, plain))
+
+
+def test_lowbit_run(tmp_path, capsys):
+    """--lowbit: a row per competitor, with state bytes from the states
+    themselves (8-bit below bf16's, 4-bit below 8-bit's; optc's 8-bit
+    states are torchao's but for torchao's code book of 256 f32 a state),
+    first steps and peaks from fresh processes."""
+    out = tmp_path / "l.json"
+    rc = bench.main(["--gib", "0.005", "--dtypes", "", "--lowbit", "optc-bf16,optc-8bit,optc-4bit,torchao-8bit",
+                     "--reps", "2", "--warmup", "1", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "state B/param" in text and "caches cold" in text
+    doc = json.loads(out.read_text())
+    lb = doc["lowbit"]
+    res = lb["results"]
+    assert list(res) == ["fused-bf16", "optc-bf16", "optc-8bit", "optc-4bit", "torchao-8bit"]
+    for comp, r in res.items():
+        assert r["label"] in text
+        ms = r["rounds_ms"]
+        assert len(ms) == 2 and r["ms"] == statistics.median(ms)
+        assert r["first_step_ms"] > 0 and r["first_step_peak_bytes"] >= 0 and r["step_peak_bytes"] >= 0
+        assert r["state_bytes"] == r["state_bytes_here"]  # the fresh process's states are this one's
+        assert r["state_bytes_per_param"] == r["state_bytes"] / lb["elements"]
+    assert res["fused-bf16"]["x_fused"] == 1.0
+    bpp = {k: r["state_bytes_per_param"] for k, r in res.items()}
+    assert bpp["optc-bf16"] == bpp["fused-bf16"]
+    assert bpp["optc-4bit"] < bpp["optc-8bit"] < bpp["fused-bf16"]
+    assert bpp["torchao-8bit"] < bpp["fused-bf16"]
+    quantized = [k for k in bench.lowbit_sizes(0.005) if k >= 4096 and k % 256 == 0]
+    assert lb["quantizable_elements"] == sum(quantized)
+    assert res["torchao-8bit"]["state_bytes"] == res["optc-8bit"]["state_bytes"] + 2 * 1024 * len(quantized)
