@@ -28,6 +28,7 @@ and params (tests/torch/test_lowbit_dist.py).
 import ctypes
 import functools
 import math
+import sys
 
 import torch
 import torch.optim
@@ -278,7 +279,9 @@ class _LowBitAdamW(OptcOptimizer, torch.optim.Optimizer):
         """state[key] as optc runs it: a QuantState (from torchao's subclass
         where a state_dict put one) or a plain tensor."""
         v = state[key]
-        cls = _torchao_classes()
+        # (only torchao makes its states: where it is not imported, none is
+        # one, and importing it would cost the first step ~0.4 s)
+        cls = _torchao_classes() if "torchao.optim" in sys.modules else None
         if cls is not None and isinstance(v, cls):
             v = state[key] = QuantState.from_torchao(v, self._bits)
         return v
