@@ -10,7 +10,7 @@
 # Every optc object goes into one archive, so each target links only the
 # objects it reaches:
 #   fuzz_ir           base/ (base.c yamltree.c), compiler/: ir parse verify
-#                     print frontend pipeline passes/* layout lower interp
+#                     print frontend pipeline passes/* layout lower interp codebook
 #                     (+ builtins.c)
 #   fuzz_recipe       the same
 #   fuzz_safetensors  runtime/io/safetensors.c + base/base.c
@@ -63,8 +63,8 @@ done
 srcs="base/base.c compiler/ir.c compiler/print.c compiler/parse.c compiler/verify.c base/yamltree.c
   compiler/frontend.c compiler/pipeline.c compiler/passes/dce.c compiler/passes/canonicalize.c
   compiler/passes/cse.c compiler/passes/hoist.c compiler/passes/drop_grad_writeback.c
-  compiler/passes/partition.c compiler/layout.c compiler/interp.c compiler/lower.c compiler/cache.c
-  compiler/cpu/emit_llvm.c compiler/cpu/lanes.c compiler/cpu/variants.c compiler/cpu/jit.c compiler/cuda/emit_cuda.c compiler/cuda/nvrtc.c compiler/cuda/driver.c
+  compiler/passes/partition.c compiler/layout.c compiler/interp.c compiler/lower.c compiler/cache.c compiler/codebook.c
+  compiler/cpu/emit_llvm.c compiler/cpu/blocks.c compiler/cpu/lanes.c compiler/cpu/variants.c compiler/cpu/jit.c compiler/cuda/emit_cuda.c compiler/cuda/nvrtc.c compiler/cuda/driver.c
   runtime/exec/exec_cpu.c runtime/exec/exec_cuda.c runtime/io/safetensors.c runtime/group/group.c
   runtime/model/inventory.c runtime/train/sched.c runtime/dist/fsdp.c runtime/dist/launch.c runtime/data/data.c runtime/data/hfdata.c runtime/data/parquet.c
   runtime/train/train.c runtime/train/config.c runtime/io/ckpt.c runtime/train/ckpt_config.c runtime/model/llama4.c runtime/model/blas.c
