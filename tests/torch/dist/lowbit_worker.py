@@ -245,3 +245,5 @@ def main():
 
 if __name__ == "__main__":
     main()
+    from leave import leave  # (after main: an exception in it exits as Python does)
+    leave()
