@@ -20,7 +20,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-MIRROR = "/work/.mirror/pytorch+torchtune/repo"
+# a git repository (bare or not) of github.com/pytorch/torchtune, where $TORCHTUNE_SRC is not given
+MIRROR = os.environ.get("TORCHTUNE_MIRROR", "")
 TOKENIZER = os.path.join(ROOT, "tests", "tokenizer", "tiktoken_small_llama4.model")
 VOCAB = 202048  # Llama4Tokenizer's special tokens sit at 200000..202047 (never remapped by optc)
 
@@ -68,9 +69,10 @@ def torchtune_src(work):
         return env
     dest = os.path.join(work, "torchtune_src")
     if not os.path.isfile(os.path.join(dest, "recipes", "full_finetune_distributed.py")):
-        if not os.path.isdir(MIRROR):
-            sys.exit(f"no torchtune source: set $TORCHTUNE_SRC (a checkout with Llama 4); no mirror at {MIRROR}")
-        tar = subprocess.run(["git", "--git-dir", MIRROR, "archive", "HEAD", "torchtune", "recipes"],
+        if not MIRROR or not os.path.isdir(MIRROR):
+            sys.exit("no torchtune source: set $TORCHTUNE_SRC (a checkout with Llama 4) or $TORCHTUNE_MIRROR (a git "
+                     f"repository of github.com/pytorch/torchtune){': no directory ' + MIRROR if MIRROR else ''}")
+        tar = subprocess.run(["git", "-C", MIRROR, "archive", "HEAD", "torchtune", "recipes"],
                              check=True, capture_output=True).stdout
         os.makedirs(dest, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(tar)) as t:
@@ -80,7 +82,7 @@ def torchtune_src(work):
 
 def torchtune_commit(src):
     try:
-        return subprocess.run(["git", "--git-dir", MIRROR, "rev-parse", "HEAD"], capture_output=True, text=True,
+        return subprocess.run(["git", "-C", MIRROR, "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip() if not os.environ.get("TORCHTUNE_SRC") else src
     except (OSError, subprocess.SubprocessError):
         return src

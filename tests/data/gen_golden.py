@@ -6,7 +6,7 @@ torchtune's own datasets on them, which the data tests (tests/ir/data/) check
     .venv/bin/python tests/data/gen_golden.py TORCHTUNE_SRC
 
 TORCHTUNE_SRC is a directory holding torchtune's source package, e.g.
-    git -C /work/.mirror/pytorch+torchtune/repo archive HEAD torchtune | tar -x -C /tmp/tt
+    git -C TORCHTUNE_CLONE archive HEAD torchtune | tar -x -C /tmp/tt   (a clone of github.com/pytorch/torchtune)
     .venv/bin/python tests/data/gen_golden.py /tmp/tt
 It needs torch, tiktoken, datasets and pyarrow (pip install datasets pyarrow
 into the venv; the C tests need none of them). Run gen_parquet.py first: the

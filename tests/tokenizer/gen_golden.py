@@ -6,9 +6,9 @@ tokenizer (runtime/data/tokenizer.c) against, exactly.
     .venv/bin/python tests/tokenizer/gen_golden.py TORCHTUNE_SRC MODEL OUT
 
 TORCHTUNE_SRC is a directory holding torchtune's source package, e.g.
-    git -C /work/.mirror/pytorch+torchtune/repo archive HEAD torchtune | tar -x -C /tmp/tt
+    git -C TORCHTUNE_CLONE archive HEAD torchtune | tar -x -C /tmp/tt   (a clone of github.com/pytorch/torchtune)
     .venv/bin/python tests/tokenizer/gen_golden.py /tmp/tt \
-        /work/shared/data/tiktoken_small_llama4.model tests/tokenizer/golden.jsonl
+        tests/tokenizer/tiktoken_small_llama4.model tests/tokenizer/golden.jsonl
 It needs torch and tiktoken (both in the venv).
 
 The import workaround: `import torchtune` runs torchtune/__init__.py, which
@@ -131,7 +131,7 @@ def load_torchtune(src):
 # ---- the inputs ---------------------------------------------------------------------
 
 ENCODE_TEXTS = [
-    # torchtune's own test sentence (its expected ids are in /work/shared/data/README.md)
+    # torchtune's own test sentence (torchtune's tokenizer tests give its expected ids)
     "I can see the sun. But even if I cannot see the sun, I know that it exists.",
     "Hello world!", "hello", "", " ", "  ", "\n", "\n\n", "\t", "a\tb", "line1\nline2\r\nline3\rline4",
     "   leading spaces", "trailing spaces   ", "multiple    spaces   between  words",
