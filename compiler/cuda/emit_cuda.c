@@ -833,6 +833,20 @@ static void emit_chunk_values(E *e, const char *ind) {
  * chains run at once as threads take lanes. With lanes > 1 it loads its
  * lanes' elements at j .. j + lanes - 1 in one access (fp32's 4-byte loads
  * reach the copy's speed with one lane; bf16's 2-byte ones do not). */
+/* The buffers a phase reads and writes, in its header comment: " @name
+ * type ..." after "reads:", then "\n *   writes:" and its own. */
+static void phase_io_comment(Buf *o, const Graph *g, const PlanPhase *ph) {
+  for (int i = 0; i < ph->nreads; i++)
+    buf_printf(o, " @%s %s", g->bufs[ph->reads[i].buf].name, type_names[ph->reads[i].type]);
+  if (!ph->nreads)
+    buf_puts(o, " (none)");
+  buf_puts(o, "\n *   writes:");
+  for (int i = 0; i < ph->nwrites; i++)
+    buf_printf(o, " @%s %s", g->bufs[ph->writes[i].buf].name, type_names[ph->writes[i].type]);
+  if (!ph->nwrites)
+    buf_puts(o, " (none)");
+}
+
 static void emit_phase(E *e, int k, CudaKernel *kinfo) {
   const Graph *g = e->g;
   const PlanPhase *ph = e->ph;
@@ -845,15 +859,7 @@ static void emit_phase(E *e, int k, CudaKernel *kinfo) {
 
   /* header: what the phase moves */
   buf_printf(o, "/* phase %d: %g bytes/element, %d ops/element\n *   reads:", k, ph->bytes_per_element, ph->nops);
-  for (int i = 0; i < ph->nreads; i++)
-    buf_printf(o, " @%s %s", g->bufs[ph->reads[i].buf].name, type_names[ph->reads[i].type]);
-  if (!ph->nreads)
-    buf_puts(o, " (none)");
-  buf_puts(o, "\n *   writes:");
-  for (int i = 0; i < ph->nwrites; i++)
-    buf_printf(o, " @%s %s", g->bufs[ph->writes[i].buf].name, type_names[ph->writes[i].type]);
-  if (!ph->nwrites)
-    buf_puts(o, " (none)");
+  phase_io_comment(o, g, ph);
   buf_putc(o, '\n');
   for (int i = 0; i < nred; i++) {
     const Ins *x = &g->ins[ph->reds[i]];
@@ -1079,15 +1085,7 @@ static void emit_block_phase(E *e, int k, CudaKernel *kinfo) {
   int threads = e->threads, tb = g->block / CUDA_VEC;
   buf_printf(o, "/* phase %d: %g bytes/element, %d ops/element, blocks of %d elements in %d stages\n *   reads:", k,
              ph->bytes_per_element, ph->nops, g->block, ph->nbstages);
-  for (int i = 0; i < ph->nreads; i++)
-    buf_printf(o, " @%s %s", g->bufs[ph->reads[i].buf].name, type_names[ph->reads[i].type]);
-  if (!ph->nreads)
-    buf_puts(o, " (none)");
-  buf_puts(o, "\n *   writes:");
-  for (int i = 0; i < ph->nwrites; i++)
-    buf_printf(o, " @%s %s", g->bufs[ph->writes[i].buf].name, type_names[ph->writes[i].type]);
-  if (!ph->nwrites)
-    buf_puts(o, " (none)");
+  phase_io_comment(o, g, ph);
   buf_puts(o, "\n */\n");
   /* the blocks per SM it is built for, given: with the threads alone,
    * ptxas budgets 64 registers and spills around the divides' calls */

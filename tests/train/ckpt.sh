@@ -61,50 +61,35 @@ assert cfg["architectures"] == ["Llama4ForCausalLM"] and cfg["num_hidden_layers"
 PY
 
 echo "== 2. resumed from a sharded checkpoint"
-run max_steps=8 output_dir="$work/u" 2> "$work/u.log"
-run max_steps=4 output_dir="$work/k" 2> "$work/k.log"
-run max_steps=8 output_dir="$work/k" resume_from_checkpoint=true 2> "$work/r.log"
-grep resuming "$work/r.log"
-a=$(losses "$work/u/logs/metrics.jsonl" 8); b=$(losses "$work/k/logs/metrics.jsonl" 8)
-echo "uninterrupted: $a"; echo "resumed:       $b"
-[ "$a" = "$b" ] || fail "the resumed run's losses differ"
-for f in $(cd "$work/u/step_8" && ls *.safetensors); do
-  cmp "$work/u/step_8/$f" "$work/k/step_8/$f" || fail "step_8/$f differs after the resume"
-done
-if [ "$mpi" = yes ]; then
-  "$optc" run --nproc 2 full_finetune_distributed --config "$cfg" $small max_steps=8 output_dir="$work/u2" 2> "$work/u2.log"
-  "$optc" run --nproc 2 full_finetune_distributed --config "$cfg" $small max_steps=4 output_dir="$work/k2" 2> "$work/k2.log"
-  "$optc" run --nproc 2 full_finetune_distributed --config "$cfg" $small max_steps=8 output_dir="$work/k2" \
-    resume_from_checkpoint=true 2> "$work/r2.log"
-  a=$(losses "$work/u2/logs/metrics.jsonl" 8); b=$(losses "$work/k2/logs/metrics.jsonl" 8)
-  echo "2 ranks, uninterrupted: $a"; echo "2 ranks, resumed:       $b"
-  [ "$a" = "$b" ] || fail "the resumed 2-rank run's losses differ"
-  for f in $(cd "$work/u2/step_8" && ls *.safetensors); do
-    cmp "$work/u2/step_8/$f" "$work/k2/step_8/$f" || fail "2 ranks: step_8/$f differs after the resume"
+# resumed_same NAME NPROC STEPS OVERRIDES...: a run of STEPS steps, and one
+# of STEPS/2 resumed to STEPS, give the same losses and the same files
+resumed_same() {
+  local name=$1 np=$2 steps=$3 half=$(($3 / 2))
+  shift 3
+  "$optc" run --nproc "$np" full_finetune_distributed --config "$cfg" $small "$@" max_steps="$steps" \
+    output_dir="$work/$name-u" 2> "$work/$name-u.log" || { tail -3 "$work/$name-u.log"; fail "$name: the run failed"; }
+  "$optc" run --nproc "$np" full_finetune_distributed --config "$cfg" $small "$@" max_steps="$half" \
+    output_dir="$work/$name-k" 2> "$work/$name-k.log" || { tail -3 "$work/$name-k.log"; fail "$name: the run failed"; }
+  "$optc" run --nproc "$np" full_finetune_distributed --config "$cfg" $small "$@" max_steps="$steps" \
+    output_dir="$work/$name-k" resume_from_checkpoint=true 2> "$work/$name-r.log" ||
+    { tail -3 "$work/$name-r.log"; fail "$name: the resume failed"; }
+  grep resuming "$work/$name-r.log"
+  a=$(losses "$work/$name-u/logs/metrics.jsonl" "$steps"); b=$(losses "$work/$name-k/logs/metrics.jsonl" "$steps")
+  echo "$name, uninterrupted: $a"; echo "$name, resumed:       $b"
+  [ "$a" = "$b" ] || fail "$name: the resumed run's losses differ"
+  for f in $(cd "$work/$name-u/step_$steps" && ls *.safetensors); do
+    cmp "$work/$name-u/step_$steps/$f" "$work/$name-k/step_$steps/$f" ||
+      fail "$name: step_$steps/$f differs after the resume"
   done
-fi
+}
+resumed_same 1-rank 1 8
+[ "$mpi" = yes ] && resumed_same 2-ranks 2 8
 
 echo "== 2b. resumed with quantized states (torchao's AdamW8bit on 1 rank, AdamW4bit on 2): the same"
 # codes two a byte and a scale a block, written flat and read back into
-# each rank's pieces: the resumed run's files equal the uninterrupted one's
-resumed_same() {  # NAME NPROC OVERRIDES...
-  local name=$1 np=$2
-  shift 2
-  "$optc" run --nproc "$np" full_finetune_distributed --config "$cfg" $small "$@" max_steps=6 output_dir="$work/$name-u" \
-    2> "$work/$name-u.log" || { tail -3 "$work/$name-u.log"; fail "$name: the run failed"; }
-  "$optc" run --nproc "$np" full_finetune_distributed --config "$cfg" $small "$@" max_steps=3 output_dir="$work/$name-k" \
-    2> "$work/$name-k.log" || { tail -3 "$work/$name-k.log"; fail "$name: the run failed"; }
-  "$optc" run --nproc "$np" full_finetune_distributed --config "$cfg" $small "$@" max_steps=6 output_dir="$work/$name-k" \
-    resume_from_checkpoint=true 2> "$work/$name-r.log" || { tail -3 "$work/$name-r.log"; fail "$name: the resume failed"; }
-  a=$(losses "$work/$name-u/logs/metrics.jsonl" 6); b=$(losses "$work/$name-k/logs/metrics.jsonl" 6)
-  echo "$name, uninterrupted: $a"; echo "$name, resumed:       $b"
-  [ "$a" = "$b" ] || fail "$name: the resumed run's losses differ"
-  for f in $(cd "$work/$name-u/step_6" && ls *.safetensors); do
-    cmp "$work/$name-u/step_6/$f" "$work/$name-k/step_6/$f" || fail "$name: step_6/$f differs after the resume"
-  done
-}
-resumed_same adamw8bit 1 optimizer._component_=torchao.optim.AdamW8bit
-[ "$mpi" = yes ] && resumed_same adamw4bit 2 optimizer._component_=torchao.optim.AdamW4bit
+# each rank's pieces
+resumed_same adamw8bit 1 6 optimizer._component_=torchao.optim.AdamW8bit
+[ "$mpi" = yes ] && resumed_same adamw4bit 2 6 optimizer._component_=torchao.optim.AdamW4bit
 "$python" - "$work/adamw8bit-u/step_6/optimizer.safetensors" <<'PY'
 import json, struct, sys
 with open(sys.argv[1], "rb") as f:
