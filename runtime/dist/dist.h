@@ -56,9 +56,6 @@ void fsdp_free(Fsdp *f);
 int64_t fsdp_plan(int n, const int64_t *numel, int nunits, const int *first, int world, int64_t align,
                   int64_t *most);
 /* This rank's part of unit u in buffer b: units[u].S elements. */
-/* Buffer b's bytes for n elements from a block's start: a quantized
- * state's codes (u4: two a byte) or its scales (one a block). */
-int64_t fsdp_buf_bytes(const Fsdp *f, int b, int64_t n);
 void *fsdp_part(Fsdp *f, int b, int u);
 /* The unit of tensor t, and the elements [lo, hi) of it this rank holds. */
 int fsdp_unit_of(const Fsdp *f, int t);

@@ -44,23 +44,16 @@ static CollType move_type(Type t) { return type_size(t) == 2 ? COLL_BF16 : type_
 
 static Type buf_type(const Fsdp *f, int b) { return (Type)f->g->bufs[b].type; }
 
-int64_t fsdp_buf_bytes(const Fsdp *f, int b, int64_t n) {
-  const Graph *g = f->g;
-  const Buffer *x = &g->bufs[b];
-  if (x->per_block && g->block > 0) /* one a block: n from a block's start */
-    return (n + g->block - 1) / g->block * type_size((Type)x->type);
-  return x->type == TY_U4 ? (n + 1) / 2 : n * type_size((Type)x->type);
-}
-
 /* Buffer b's bytes before flat element i (a block's start: every shard,
  * unit and tensor starts on one), negative i too: a tensor that starts in
  * an earlier rank's part. */
 static int64_t buf_offset(const Fsdp *f, int b, int64_t i) {
   const Graph *g = f->g;
   const Buffer *x = &g->bufs[b];
-  int64_t per = x->per_block && g->block > 0 ? g->block : x->type == TY_U4 ? 2 : 1;
+  /* elements a unit of storage holds (a scale: a block; a byte of u4 codes: 2) */
+  int64_t per = x->per_block ? g->block : x->type == TY_U4 ? 2 : 1;
   ASSERT(i % per == 0);
-  return i / per * (x->per_block ? type_size((Type)x->type) : x->type == TY_U4 ? 1 : type_size((Type)x->type));
+  return i / per * (x->type == TY_U4 ? 1 : type_size((Type)x->type));
 }
 
 static void *buf_at(const Fsdp *f, int b, void *p, int64_t i) { return (char *)p + buf_offset(f, b, i); }
@@ -234,7 +227,7 @@ int fsdp_init(Fsdp *f, Coll *coll, const Graph *g, int n, const int64_t *numel, 
   f->table = calloc((size_t)n * (size_t)g->nbufs + 1, sizeof(void *));
   ASSERT(f->mem && f->table);
   for (int b = 0; b < g->nbufs; b++) {
-    f->mem[b] = coll_mem_alloc(coll, (size_t)fsdp_buf_bytes(f, b, f->nshard + OPTC_TENSOR_ALIGN));
+    f->mem[b] = coll_mem_alloc(coll, (size_t)buffer_bytes(f->g, b, f->nshard + OPTC_TENSOR_ALIGN));
     if (!f->mem[b]) {
       error("out of memory for the shard of '@%s' (%lld elements)", g->bufs[b].name, (long long)f->nshard);
       return -1;
@@ -303,11 +296,11 @@ int fsdp_gather(Fsdp *f, int u, int b, void *span) {
   void *part = fsdp_part(f, b, u);
   if (f->world == 1) {
     if (span != part)
-      memcpy(span, part, (size_t)fsdp_buf_bytes(f, b, x->S));
+      memcpy(span, part, (size_t)buffer_bytes(f->g, b, x->S));
     return 0;
   }
   if (f->g->bufs[b].per_block || type_size(t) < 2) /* a quantized state's codes or scales */
-    return gather_bytes(f->coll, part, span, fsdp_buf_bytes(f, b, x->S));
+    return gather_bytes(f->coll, part, span, buffer_bytes(f->g, b, x->S));
   return coll_all_gather(f->coll, part, span, x->S, move_type(t));
 }
 
@@ -362,7 +355,7 @@ int fsdp_load(Fsdp *f, const ParamGroup *pg, bool contribute_grads) {
       const FsdpUnit *u = &f->units[k];
       if (hi > lo)
         memcpy(buf_at(f, b, fsdp_part(f, b, k), lo - fsdp_part_start(u, f->rank)), buf_at(f, b, pg->bufs[b], lo),
-               (size_t)fsdp_buf_bytes(f, b, hi - lo));
+               (size_t)buffer_bytes(f->g, b, hi - lo));
     }
   }
   f->step = pg->step;
@@ -374,7 +367,7 @@ int fsdp_store(Fsdp *f, ParamGroup *pg) {
   void *span = NULL;
   size_t most = 0;
   for (int b = 0; b < g->nbufs; b++)
-    most = MAX(most, (size_t)fsdp_buf_bytes(f, b, f->most + 1));
+    most = MAX(most, (size_t)buffer_bytes(f->g, b, f->most + 1));
   span = coll_mem_alloc(f->coll, most);
   if (!span)
     return -1;
@@ -387,7 +380,7 @@ int fsdp_store(Fsdp *f, ParamGroup *pg) {
       rc = fsdp_gather(f, k, b, span);
       if (rc == 0 && u->fhi > u->flo)
         memcpy(buf_at(f, b, pg->bufs[b], u->flo), buf_at(f, b, span, u->flo - u->base),
-               (size_t)fsdp_buf_bytes(f, b, u->fhi - u->flo));
+               (size_t)buffer_bytes(f->g, b, u->fhi - u->flo));
     }
   }
   coll_mem_free(f->coll, span);

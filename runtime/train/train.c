@@ -304,9 +304,9 @@ static const char *gather_next(Gather *gs) {
   const GatherPiece *p = &gs->sched[gs->next];
   int u = fsdp_unit_of(f, p->t);
   /* (a quantized state's codes and scales: a block's bytes from a block's start) */
-  char *own = (char *)fsdp_part(f, p->b, u) + fsdp_buf_bytes(f, p->b, p->lo - fsdp_part_start(&f->units[u], p->r));
+  char *own = (char *)fsdp_part(f, p->b, u) + buffer_bytes(f->g, p->b, p->lo - fsdp_part_start(&f->units[u], p->r));
   char *buf = p->r == t->rank ? own : gs->scratch;
-  if (t->world > 1 && coll_broadcast(t->coll, buf, fsdp_buf_bytes(f, p->b, p->hi - p->lo), p->r) != 0) {
+  if (t->world > 1 && coll_broadcast(t->coll, buf, buffer_bytes(f->g, p->b, p->hi - p->lo), p->r) != 0) {
     gs->failed = true;
     return NULL;
   }
@@ -327,13 +327,13 @@ static int gather_fill(void *ctx, const StView *v, FILE *out) {
   int b = v->src_index / t->ntensors, i = v->src_index % t->ntensors;
   int64_t done = 0;
   while (gs->next < gs->n && gs->sched[gs->next].b == b && gs->sched[gs->next].t == i) {
-    size_t n = (size_t)fsdp_buf_bytes(&t->f, b, gs->sched[gs->next].hi - gs->sched[gs->next].lo);
+    size_t n = (size_t)buffer_bytes(t->g, b, gs->sched[gs->next].hi - gs->sched[gs->next].lo);
     const char *p = gs->failed ? NULL : gather_next(gs);
     if (!p || fwrite(p, 1, n, out) != n)
       return -1;
     done += (int64_t)n;
   }
-  ASSERT(done == fsdp_buf_bytes(&t->f, b, t->f.full.numel[i])); /* the writer asked in the planned order */
+  ASSERT(done == buffer_bytes(t->g, b, t->f.full.numel[i])); /* the writer asked in the planned order */
   return 0;
 }
 
@@ -380,7 +380,7 @@ static int save_checkpoint(Trainer *t) {
         gather_plan(&gs, b, i);
   size_t most = 0;
   for (int k = 0; k < gs.n; k++)
-    most = MAX(most, (size_t)fsdp_buf_bytes(f, gs.sched[k].b, gs.sched[k].hi - gs.sched[k].lo));
+    most = MAX(most, (size_t)buffer_bytes(f->g, gs.sched[k].b, gs.sched[k].hi - gs.sched[k].lo));
   int64_t short_of_memory = 0;
   if (t->world > 1) { /* every rank goes on, or none does */
     gs.scratch = coll_mem_alloc(t->coll, most + 1);
@@ -429,7 +429,7 @@ static int save_checkpoint(Trainer *t) {
       if (g->bufs[b].per_block || g->bufs[b].type == TY_U4) { /* flat, as the group's files hold them */
         views[n].dtype = g->bufs[b].type == TY_U4 ? TY_U8 : (Type)g->bufs[b].type;
         views[n].ndim = 1;
-        views[n].shape[0] = fsdp_buf_bytes(f, b, f->full.numel[i]) / type_size(views[n].dtype);
+        views[n].shape[0] = buffer_bytes(f->g, b, f->full.numel[i]) / type_size(views[n].dtype);
       }
       n++;
     }
@@ -514,9 +514,9 @@ static int load_optimizer(Trainer *t, const char *dir) {
          * scale a block; this rank's pieces start on a block */
         Type st = x->type == TY_U4 ? TY_U8 : (Type)x->type;
         int64_t es = type_size(st);
-        flat[n] = fsdp_buf_bytes(f, b, lt->numel) / es;
-        w[n] = (CkptWant){names[n], 1, &flat[n], st, dst, fsdp_buf_bytes(f, b, lo) / es,
-                          hi > lo ? fsdp_buf_bytes(f, b, hi) / es : fsdp_buf_bytes(f, b, lo) / es};
+        flat[n] = buffer_bytes(f->g, b, lt->numel) / es;
+        w[n] = (CkptWant){names[n], 1, &flat[n], st, dst, buffer_bytes(f->g, b, lo) / es,
+                          buffer_bytes(f->g, b, hi) / es};
       } else
         w[n] = (CkptWant){names[n], lt->ndim, lt->shape, (Type)x->type, dst, lo, hi};
       n++;
