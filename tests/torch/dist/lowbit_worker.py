@@ -114,26 +114,24 @@ def mesh_case(name, c, meshes, groups, rank, results):
 
 
 def run_mesh(c, n, meshes, groups, rank, results, seen):
-    if True:
-        if True:
-            ps = sharded(MESH_SHAPES, c["dtype"], meshes[n])
-            opt = getattr(otorch, c["cls"])(ps, **c["kw"])
-            for step in range(STEPS):
-                fulls = set_grads(ps, meshes[n], step)
-                if "max_norm" in c:
-                    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(f) for f in fulls]))
-                    opt.fused_step(max_norm=c["max_norm"], grad_norm=norm)
-                else:
-                    opt.step()
-            got = whole(opt, ps, groups[n])
-            quant = [isinstance(opt.state[p]["exp_avg"], QuantState) for p in ps]
-            if rank == 0:
-                seen[n] = got
-                if n == 1:
-                    results["info"]["quantized"] = quant
-                # a block two ranks share: the 64 x 96 param on 2 ranks ends a shard mid-block
-                if n > 1:  # the params whose shards end inside a block on this mesh
-                    results["info"][f"split_{n}"] = [p._local_tensor.numel() % opt.block_size != 0 for p in ps]
+    ps = sharded(MESH_SHAPES, c["dtype"], meshes[n])
+    opt = getattr(otorch, c["cls"])(ps, **c["kw"])
+    for step in range(STEPS):
+        fulls = set_grads(ps, meshes[n], step)
+        if "max_norm" in c:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(f) for f in fulls]))
+            opt.fused_step(max_norm=c["max_norm"], grad_norm=norm)
+        else:
+            opt.step()
+    got = whole(opt, ps, groups[n])
+    quant = [isinstance(opt.state[p]["exp_avg"], QuantState) for p in ps]
+    if rank == 0:
+        seen[n] = got
+        if n == 1:
+            results["info"]["quantized"] = quant
+        # a block two ranks share: the 64 x 96 param on 2 ranks ends a shard mid-block
+        if n > 1:  # the params whose shards end inside a block on this mesh
+            results["info"][f"split_{n}"] = [p._local_tensor.numel() % opt.block_size != 0 for p in ps]
 
 
 ALIGNED_SHAPES = [(32, 256), (10, 10)]  # shards of whole blocks on 1 and 2 ranks, and a small one
@@ -151,33 +149,31 @@ def torchao_case(meshes, rank, results):
 
 
 def torchao_steps(TAO8, n, meshes, rank, results):
-    if True:
-        if True:
-            # f32 params: torchao 0.18 cannot step bf16 DTensors with quantized
-            # states on the CPU (its compiled step views an OptimState8bit as
-            # another dtype: NotImplementedError), see torchao_bf16 below
-            pa = sharded(ALIGNED_SHAPES, torch.float32, meshes[n])
-            pb = sharded(ALIGNED_SHAPES, torch.float32, meshes[n])
-            ao, oc = TAO8(pa, lr=1e-2), otorch.AdamW8bit(pb, lr=1e-2)
-            for step in range(STEPS):
-                set_grads(pa, meshes[n], step)
-                set_grads(pb, meshes[n], step)
-                ao.step()
-                oc.step()
-                for i, (x, y) in enumerate(zip(pa, pb)):
-                    if not torch.equal(x._local_tensor.view(torch.int32), y._local_tensor.view(torch.int32)):
-                        results["errors"].append(f"rank {rank} of {n}: step {step + 1}: param {i} differs")
-                    for k in ("exp_avg", "exp_avg_sq"):
-                        a, b = ao.state[x][k], oc.state[y][k]
-                        a = a._local_tensor if isinstance(a, DTensor) else a
-                        if isinstance(b, QuantState):
-                            ok = hasattr(a, "codes") and torch.equal(a.codes.reshape(-1), b.codes.reshape(-1)) and \
-                                torch.equal(a.scale.view(torch.int32), b.scale.view(torch.int32))
-                        else:
-                            b = b._local_tensor if isinstance(b, DTensor) else b
-                            ok = not hasattr(a, "codes") and torch.equal(a.view(torch.int32), b.view(torch.int32))
-                        if not ok:
-                            results["errors"].append(f"rank {rank} of {n}: step {step + 1}: param {i} {k} differs")
+    # f32 params: torchao 0.18 cannot step bf16 DTensors with quantized
+    # states on the CPU (its compiled step views an OptimState8bit as
+    # another dtype: NotImplementedError), see torchao_bf16 below
+    pa = sharded(ALIGNED_SHAPES, torch.float32, meshes[n])
+    pb = sharded(ALIGNED_SHAPES, torch.float32, meshes[n])
+    ao, oc = TAO8(pa, lr=1e-2), otorch.AdamW8bit(pb, lr=1e-2)
+    for step in range(STEPS):
+        set_grads(pa, meshes[n], step)
+        set_grads(pb, meshes[n], step)
+        ao.step()
+        oc.step()
+        for i, (x, y) in enumerate(zip(pa, pb)):
+            if not torch.equal(x._local_tensor.view(torch.int32), y._local_tensor.view(torch.int32)):
+                results["errors"].append(f"rank {rank} of {n}: step {step + 1}: param {i} differs")
+            for k in ("exp_avg", "exp_avg_sq"):
+                a, b = ao.state[x][k], oc.state[y][k]
+                a = a._local_tensor if isinstance(a, DTensor) else a
+                if isinstance(b, QuantState):
+                    ok = hasattr(a, "codes") and torch.equal(a.codes.reshape(-1), b.codes.reshape(-1)) and \
+                        torch.equal(a.scale.view(torch.int32), b.scale.view(torch.int32))
+                else:
+                    b = b._local_tensor if isinstance(b, DTensor) else b
+                    ok = not hasattr(a, "codes") and torch.equal(a.view(torch.int32), b.view(torch.int32))
+                if not ok:
+                    results["errors"].append(f"rank {rank} of {n}: step {step + 1}: param {i} {k} differs")
 
 
 def torchao_mesh(meshes, groups, rank, results):
